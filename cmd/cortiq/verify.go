@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cortiq/cortiq/cmf"
+)
+
+func init() { commands = append(commands, newVerify) }
+
+func newVerify() *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify FILE",
+		Short: "Recompute every section hash of a CMF file (exit 2 and name the section on a mismatch)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := cmf.Open(args[0])
+			if err != nil {
+				return &exitError{2, err}
+			}
+			defer m.Close()
+			probs, err := m.Verify(cmd.Context(), nil)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if len(probs) > 0 {
+				for _, p := range probs {
+					fmt.Fprintln(out, "FAIL", p)
+				}
+				return &exitError{2, fmt.Errorf("%s: %d section(s) do not match their hashes; first: %s", args[0], len(probs), probs[0].Section)}
+			}
+			var bytes int64
+			for _, s := range m.Sections() {
+				bytes += s.Size
+			}
+			fmt.Fprintf(out, "OK %s: preamble, header, directory, %d data section(s) and %d tensors match (%d bytes)\n", args[0], m.Shards(), len(m.Tensors), bytes)
+			return nil
+		},
+	}
+}
