@@ -1,6 +1,9 @@
 package quant
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // EncodeOptions tune an encoder. The zero value is valid.
 type EncodeOptions struct {
@@ -83,4 +86,44 @@ func Decode(d DType, src []byte, shape []int) ([]float32, error) {
 		c.DecodeRow(out[r*cols:(r+1)*cols], src, rows, cols, r)
 	}
 	return out, nil
+}
+
+// checkRows validates the arguments of an EncodeRows call and returns the
+// number of rows in w.
+func checkRows(d DType, dst []byte, w []float32, rows, cols, r0 int) (int, error) {
+	if rows < 0 || cols < 0 {
+		return 0, fmt.Errorf("quant: %s: negative shape %d×%d", d, rows, cols)
+	}
+	nb, err := ExpectedBytes(d, []int{rows, cols})
+	if err != nil {
+		return 0, err
+	}
+	if int64(len(dst)) != nb {
+		return 0, fmt.Errorf("quant: %s %d×%d: destination has %d bytes, need %d", d, rows, cols, len(dst), nb)
+	}
+	if cols == 0 {
+		if len(w) != 0 {
+			return 0, fmt.Errorf("quant: %s: %d values for a tensor with no columns", d, len(w))
+		}
+		return 0, nil
+	}
+	if len(w)%cols != 0 {
+		return 0, fmt.Errorf("quant: %s: %d values are not whole rows of %d columns", d, len(w), cols)
+	}
+	n := len(w) / cols
+	if r0 < 0 || r0 > rows || n > rows-r0 {
+		return 0, fmt.Errorf("quant: %s: rows [%d,%d) outside the tensor's %d rows", d, r0, r0+n, rows)
+	}
+	return n, nil
+}
+
+// checkFinite reports the first NaN or infinite value of rows [r0, ...) in w,
+// which a quantized format cannot store.
+func checkFinite(d DType, w []float32, cols, r0 int) error {
+	for i, v := range w {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return fmt.Errorf("quant: %s: non-finite weight %v at row %d, column %d", d, v, r0+i/cols, i%cols)
+		}
+	}
+	return nil
 }
