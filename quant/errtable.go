@@ -14,7 +14,7 @@ import (
 type ErrorRow struct {
 	Matrix        string  // the kind of test matrix
 	Format        string  // a cortiq format, or a llama.cpp reference (Q4_0, Q8_0)
-	BitsPerWeight float64 // storage cost including scales and codes
+	BitsPerWeight float64 // storage cost including scales and codes; NaN for a bound
 	WeightErr     float64 // ‖Ŵ−W‖/‖W‖ (Frobenius)
 	OutputErr     float64 // ‖(Ŵ−W)x‖/‖Wx‖ over random x ~ N(0, I)
 }
@@ -104,8 +104,55 @@ func ErrorTable(rows, cols int, seed uint64) ([]ErrorRow, error) {
 		}
 		add("Q4_0 (llama.cpp)", 4.5, RefQ4_0(w))
 		add("Q8_0 (llama.cpp)", 8.5, RefQ8_0(w))
+		add("bound: 4-bit, best positive scale per group", math.NaN(), q4IdealScale(w, false))
+		add("bound: 4-bit, best signed scale per group", math.NaN(), q4IdealScale(w, true))
 	}
 	return out, nil
+}
+
+// q4IdealScale quantizes w (a multiple of 32 values) to nibbles -8..7
+// with, per group of 32, the best float32 scale of a fine search (240
+// log-spaced values from absmax/10 to absmax/6). With signed, negative
+// scales are tried too, which lets the -8 end take the largest weight of
+// either sign, as Q4_0's d = max/-8 does. q4tp's rungs are positive, so the
+// unsigned search bounds what any q4tp encoder can reach; the signed one
+// bounds Q4_0-style formats.
+func q4IdealScale(w []float32, signed bool) []float32 {
+	out := make([]float32, len(w))
+	var neg [GroupSize]float32
+	var q [GroupSize]int8
+	for b := 0; b+GroupSize <= len(w); b += GroupSize {
+		gw := w[b : b+GroupSize]
+		var amax float32
+		for i, v := range gw {
+			amax = max(amax, float32(math.Abs(float64(v))))
+			neg[i] = -v
+		}
+		if amax == 0 {
+			continue
+		}
+		best, bs := float32(math.Inf(1)), float32(0)
+		for k := range 240 {
+			s := float32(float64(amax) / (6 * math.Pow(10.0/6, float64(k)/239)))
+			if e := q4tpGroupErr(gw, s); e < best {
+				best, bs = e, s
+			}
+			if signed {
+				if e := q4tpGroupErr(neg[:], s); e < best {
+					best, bs = e, -s
+				}
+			}
+		}
+		if bs > 0 {
+			q4tpGroupQuant(q[:], gw, bs)
+		} else {
+			q4tpGroupQuant(q[:], neg[:], -bs)
+		}
+		for i := range gw {
+			out[b+i] = float32(q[i]) * bs
+		}
+	}
+	return out
 }
 
 // relErrors returns ‖got−w‖/‖w‖ and the pooled ‖(got−w)x‖/‖wx‖ over xs.
@@ -189,7 +236,11 @@ func MarkdownErrorTable(rows []ErrorRow) string {
 	sb.WriteString("| matrix | format | bits/weight | ‖ΔW‖/‖W‖ | ‖ΔW·x‖/‖W·x‖ |\n")
 	sb.WriteString("|---|---|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&sb, "| %s | %s | %.3f | %.5f | %.5f |\n", r.Matrix, r.Format, r.BitsPerWeight, r.WeightErr, r.OutputErr)
+		bpw := "—"
+		if !math.IsNaN(r.BitsPerWeight) {
+			bpw = fmt.Sprintf("%.3f", r.BitsPerWeight)
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %.5f | %.5f |\n", r.Matrix, r.Format, bpw, r.WeightErr, r.OutputErr)
 	}
 	return sb.String()
 }
