@@ -2,6 +2,7 @@ package quant
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"slices"
 
@@ -79,6 +80,11 @@ func (q4tpCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, _ *Enco
 	if err := checkFinite(Q4TP, w, cols, r0); err != nil {
 		return err
 	}
+	for i, v := range w {
+		if math.Abs(float64(v)) >= q4tpMaxWeight {
+			return fmt.Errorf("quant: q4tp: weight %g at row %d, column %d is beyond the format's range (|w| < 2^100)", v, r0+i/cols, i%cols)
+		}
+	}
 	gpr := cols / GroupSize
 	po, co, stride := q4tpSections(rows, cols)
 	e := newQ4TPEncoder(cols)
@@ -141,11 +147,12 @@ func (q4tpCodec) DotRow(src []byte, rows, cols, r int, x []float32) float32 {
 // Encoder.
 
 const (
-	q4tpMinLog2 = -100 // groups with absmax below 2^-100 are stored as zeros
-	q4tpMaxLog2 = 126  // the top rung stays below the float32 range
-	q4tpMargin  = 0.05 // log2 slack added around the ladder's range
-	q4tpMinSpan = 1.25 // a ladder spanning less than this needs no tuning of its bottom
-	q4tpReach   = 0.16 // log2 distance from the starting scale searched exhaustively
+	q4tpMinLog2   = -100    // groups with absmax below 2^-100 are stored as zeros
+	q4tpMaxWeight = 0x1p100 // larger weights are refused
+	q4tpMaxLog2   = 126     // the top rung stays below the float32 range
+	q4tpMargin    = 0.05    // log2 slack added around the ladder's range
+	q4tpMinSpan   = 1.25    // a ladder spanning less than this needs no tuning of its bottom
+	q4tpReach     = 0.16    // log2 distance from the starting scale searched exhaustively
 )
 
 // q4tpEncoder holds the scratch state of the row encoder.
