@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/cortiq/cortiq/convert"
+	"github.com/cortiq/cortiq/quant"
+)
+
+func init() { commands = append(commands, newConvert) }
+
+func newConvert() *cobra.Command {
+	var out, qs, shard string
+	var keep []string
+	var threads int
+	c := &cobra.Command{
+		Use:   "convert SRC -o OUT.cmf",
+		Short: "Convert a Hugging Face model directory or a GGUF file to CMF",
+		Long: `Convert a Hugging Face directory (config.json, *.safetensors, tokenizer files) or a .gguf
+file to a CMF file, choosing a storage format per tensor role (see docs/convert.md).
+Tensors stream one at a time: memory stays near the largest tensor.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return fmt.Errorf("convert: -o OUT.cmf is required")
+			}
+			d, err := quant.ParseDType(qs)
+			if err != nil || d == quant.U8 || d == quant.I32 {
+				return fmt.Errorf("convert: --quant %q: want one of f32, f16, bf16, q8_row, q8_2f, q4tp", qs)
+			}
+			opt := convert.Options{Quant: d, Threads: threads}
+			for _, k := range keep {
+				r, err := convert.ParseKeep(k)
+				if err != nil {
+					return err
+				}
+				opt.Keep = append(opt.Keep, r)
+			}
+			if shard != "" {
+				if opt.ShardBytes, err = parseBytes(shard); err != nil {
+					return fmt.Errorf("convert: --shard-size: %w", err)
+				}
+			}
+			opt.Progress = progress(cmd, "converting")
+			res, err := convert.Run(cmd.Context(), args[0], out, opt)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tensors, %.3f GB from %.3f GB in %s (%.0f MB/s); formats %v\n",
+				strings.Join(res.Files, ", "), res.Tensors, float64(res.OutBytes)/1e9, float64(res.InBytes)/1e9,
+				res.Elapsed.Round(time.Millisecond), float64(res.InBytes)/1e6/res.Elapsed.Seconds(), res.DTypeCount)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "output CMF file")
+	c.Flags().StringVar(&qs, "quant", "q8_row", "default weight format: f32, f16, bf16, q8_row, q8_2f, q4tp")
+	c.Flags().StringArrayVar(&keep, "keep", nil, "override the format of tensors matching a regexp: NAME_REGEX=dtype (repeatable)")
+	c.Flags().StringVar(&shard, "shard-size", "", "split the output into files of at most this size (e.g. 4GB)")
+	c.Flags().IntVar(&threads, "threads", 0, "encoder threads (0: all cores)")
+	return c
+}
+
+// progress returns a progress callback: a bar with bytes, rate and ETA on a
+// terminal, a log line every 10% otherwise.
+func progress(cmd *cobra.Command, what string) func(done, total int64) {
+	if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		var bar *progressbar.ProgressBar
+		return func(done, total int64) {
+			if bar == nil {
+				bar = progressbar.DefaultBytes(total, what)
+			}
+			_ = bar.Set64(done)
+		}
+	}
+	next := int64(0)
+	return func(done, total int64) {
+		if total == 0 {
+			return
+		}
+		if pct := done * 100 / total; pct >= next || done == total {
+			slog.Info(what, "done_bytes", done, "total_bytes", total, "percent", pct)
+			next = pct/10*10 + 10
+		}
+	}
+}
+
+// parseBytes reads sizes like 4GB, 512MiB, 1000000.
+func parseBytes(s string) (int64, error) {
+	mult := map[string]int64{"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40}
+	u := strings.ToUpper(strings.TrimSpace(s))
+	i := strings.IndexFunc(u, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	num, unit := u, ""
+	if i >= 0 {
+		num, unit = u[:i], strings.TrimSpace(u[i:])
+	}
+	m, ok := mult[unit]
+	var f float64
+	if _, err := fmt.Sscanf(num, "%g", &f); err != nil || !ok || f <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return int64(f * float64(m)), nil
+}

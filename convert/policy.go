@@ -1,0 +1,104 @@
+package convert
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/cortiq/cortiq/cmf"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Rule maps tensor names matching Pattern to a format.
+type Rule struct {
+	Pattern *regexp.Regexp
+	DType   quant.DType
+	Reason  string
+}
+
+// ParseKeep parses a --keep flag value "NAME_REGEX=dtype".
+func ParseKeep(s string) (Rule, error) {
+	i := strings.LastIndexByte(s, '=')
+	if i <= 0 {
+		return Rule{}, fmt.Errorf("--keep %q: want NAME_REGEX=dtype", s)
+	}
+	re, err := regexp.Compile(s[:i])
+	if err != nil {
+		return Rule{}, fmt.Errorf("--keep %q: %w", s, err)
+	}
+	d, err := quant.ParseDType(s[i+1:])
+	if err != nil {
+		return Rule{}, fmt.Errorf("--keep %q: %w", s, err)
+	}
+	if d == quant.U8 || d == quant.I32 {
+		return Rule{}, fmt.Errorf("--keep %q: %s cannot hold weights", s, d)
+	}
+	return Rule{re, d, "--keep"}, nil
+}
+
+// Policy chooses a storage format per tensor role. The order of checks is
+// the policy: user rules first, then built-in roles, then the default.
+type Policy struct {
+	Default quant.DType
+	Keep    []Rule
+}
+
+var (
+	reVectorish = regexp.MustCompile(`(conv1d\.weight|\.A_log|\.dt_bias)$`)
+	reRouter    = regexp.MustCompile(`(mlp\.gate\.weight|shared_expert_gate\.weight)$`)
+	reHead      = regexp.MustCompile(`^lm_head\.weight$`)
+)
+
+// Choose returns the format for a tensor and why. tiedEmbed says the tensor
+// is the token embedding that also serves as the output head.
+func (p *Policy) Choose(name string, shape []int, tiedEmbed bool) (quant.DType, string) {
+	for _, r := range p.Keep {
+		if r.Pattern.MatchString(name) {
+			if _, err := quant.ExpectedBytes(r.DType, shape); err == nil {
+				return r.DType, "--keep " + r.Pattern.String()
+			}
+			return quant.F32, fmt.Sprintf("--keep asked %s, which cannot hold %v", r.DType, shape)
+		}
+	}
+	if len(shape) < 2 {
+		return quant.F32, "vectors (norms, biases, decay and gate parameters) stay f32"
+	}
+	if reVectorish.MatchString(name) {
+		return quant.F32, "conv and decay parameters stay f32"
+	}
+	if reRouter.MatchString(name) {
+		return quant.F32, "router and shared-expert gate stay f32: they pick experts and are tiny"
+	}
+	d := p.Default
+	if !d.Quantized() {
+		return d, "default"
+	}
+	if d == quant.Q4TP && (reHead.MatchString(name) || tiedEmbed) {
+		return quant.Q8Row, "the output head is the most error-sensitive matvec: q8_row under a 4-bit default"
+	}
+	if _, err := quant.ExpectedBytes(d, shape); err != nil {
+		return quant.Q8Row, fmt.Sprintf("%s cannot hold %v: q8_row instead", d, shape)
+	}
+	return d, "default"
+}
+
+// Record describes the policy for the CMF header.
+func (p *Policy) Record() *cmf.QuantPolicy {
+	qp := &cmf.QuantPolicy{Default: p.Default.String()}
+	for _, r := range p.Keep {
+		qp.Rules = append(qp.Rules, cmf.PolicyRule{Pattern: r.Pattern.String(), DType: r.DType.String(), Reason: r.Reason})
+	}
+	qp.Rules = append(qp.Rules,
+		cmf.PolicyRule{Pattern: `<1-D tensors>`, DType: "f32", Reason: "vectors (norms, biases, decay and gate parameters) stay f32"},
+		cmf.PolicyRule{Pattern: reVectorish.String(), DType: "f32", Reason: "conv and decay parameters stay f32"},
+		cmf.PolicyRule{Pattern: reRouter.String(), DType: "f32", Reason: "router and shared-expert gate stay f32"},
+	)
+	if p.Default == quant.Q4TP {
+		qp.Rules = append(qp.Rules, cmf.PolicyRule{Pattern: `^lm_head\.weight$ | tied model.embed_tokens.weight`, DType: "q8_row", Reason: "output head is error-sensitive"})
+	}
+	if p.Default.Quantized() {
+		qp.Rules = append(qp.Rules, cmf.PolicyRule{Pattern: `<shapes the default cannot hold>`, DType: "q8_row", Reason: "fallback"})
+	}
+	qp.Rules = append(qp.Rules, cmf.PolicyRule{Pattern: `.*`, DType: p.Default.String(), Reason: "default"})
+	return qp
+}
