@@ -22,8 +22,8 @@ type bpeModel struct {
 	fuseUnk      bool
 	byteFallback bool
 	ignoreMerges bool
-	contPrefix   string // continuing_subword_prefix
-	wordSuffix   string // end_of_word_suffix
+	contPrefix   string     // continuing_subword_prefix
+	wordSuffix   string     // end_of_word_suffix
 	byteIDs      [256]int32 // id of the byte-level rune of each byte, -1 if absent
 	fallbackIDs  [256]int32 // id of <0xNN>, -1 if absent
 	cache        wordCache
