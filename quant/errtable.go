@@ -111,8 +111,8 @@ func ErrorTable(rows, cols int, seed uint64) ([]ErrorRow, error) {
 }
 
 // q4IdealScale quantizes w (a multiple of 32 values) to nibbles -8..7
-// with, per group of 32, the best float32 scale of a fine search (240
-// log-spaced values from absmax/10 to absmax/6). With signed, negative
+// with, per group of 32, the best float32 scale of a fine search between
+// absmax/10 and absmax/6 (about 0.04% apart near the best). With signed, negative
 // scales are tried too, which lets the -8 end take the largest weight of
 // either sign, as Q4_0's d = max/-8 does. q4tp's rungs are positive, so the
 // unsigned search bounds what any q4tp encoder can reach; the signed one
@@ -132,8 +132,8 @@ func q4IdealScale(w []float32, signed bool) []float32 {
 			continue
 		}
 		best, bs := float32(math.Inf(1)), float32(0)
-		for k := range 240 {
-			s := float32(float64(amax) / (6 * math.Pow(10.0/6, float64(k)/239)))
+		try := func(d float64) {
+			s := float32(float64(amax) / d)
 			if e := q4tpGroupErr(gw, s); e < best {
 				best, bs = e, s
 			}
@@ -142,6 +142,16 @@ func q4IdealScale(w []float32, signed bool) []float32 {
 					best, bs = e, -s
 				}
 			}
+		}
+		// 48 log-spaced divisors from 6 to 10, then 32 around the best.
+		const n, fine = 48, 32
+		ratio := math.Pow(10.0/6, 1.0/(n-1))
+		for k := range n {
+			try(6 * math.Pow(ratio, float64(k)))
+		}
+		d0 := float64(amax / float32(math.Abs(float64(bs))))
+		for k := range fine {
+			try(d0 * math.Pow(ratio, 2*float64(k)/(fine-1)-1))
 		}
 		if bs > 0 {
 			q4tpGroupQuant(q[:], gw, bs)
