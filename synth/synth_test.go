@@ -1,0 +1,96 @@
+package synth
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cortiq/cortiq/cmf"
+	"github.com/cortiq/cortiq/model"
+	"github.com/cortiq/cortiq/quant"
+)
+
+func TestTinyShapesEveryFormat(t *testing.T) {
+	dir := t.TempDir()
+	for _, shape := range []string{"tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_qwen3_next"} {
+		for _, d := range []quant.DType{quant.F32, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+			a, err := Arch(shape, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(dir, shape+"_"+d.String()+".cmf")
+			res, err := Write(context.Background(), p, a, d, Options{Seed: 1})
+			if err != nil {
+				t.Fatalf("%s %s: %v", shape, d, err)
+			}
+			m, err := cmf.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if probs, err := m.Verify(context.Background(), nil); err != nil || len(probs) > 0 {
+				t.Fatalf("verify: %v %v", probs, err)
+			}
+			want, _ := model.Tensors(&a)
+			want = append(want, model.MTPTensors(&a)...)
+			for _, w := range want {
+				tt, b, err := m.TensorData(w.Name)
+				if err != nil {
+					t.Fatalf("%s %s: %v", shape, d, err)
+				}
+				// Every tensor decodes to finite values of a sane scale.
+				v, err := quant.Decode(tt.DType, b, tt.Shape)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ss float64
+				for _, f := range v {
+					if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+						t.Fatalf("%s: non-finite weight", w.Name)
+					}
+					ss += float64(f) * float64(f)
+				}
+				rms := math.Sqrt(ss / float64(len(v)))
+				if len(tt.Shape) == 2 && !strings.Contains(w.Name, "norm") {
+					want := 1 / math.Sqrt(float64(tt.Shape[1]))
+					if rms < want/3 || rms > want*3 {
+						t.Errorf("%s %s %s: rms %.4g, want about %.4g", shape, d, w.Name, rms, want)
+					}
+				}
+			}
+			if res.Params <= 0 || m.Header.TokenizerConfig == nil {
+				t.Fatal("no params or tokenizer")
+			}
+			m.Close()
+		}
+	}
+}
+
+func TestShapeParamCounts(t *testing.T) {
+	// Parameter counts of the published models (embedding included once).
+	for shape, want := range map[string]float64{"llama1b": 1.236e9, "llama8b": 8.03e9, "qwen3_8b": 8.19e9, "qwen3_30b_a3b": 30.5e9, "qwen3_0_6b": 0.596e9} {
+		a, err := Arch(shape, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, _ := model.Tensors(&a)
+		var n float64
+		for _, x := range ts {
+			p := 1.0
+			for _, d := range x.Shape {
+				p *= float64(d)
+			}
+			n += p
+		}
+		if math.Abs(n-want)/want > 0.02 {
+			t.Errorf("%s: %.4g params, published %.4g", shape, n, want)
+		}
+	}
+	if _, err := Arch("llama1b", "qwen3"); err == nil || !strings.Contains(err.Error(), "qwen3_8b") {
+		t.Fatalf("arch mismatch error: %v", err)
+	}
+	if _, err := Arch("nope", ""); err == nil {
+		t.Fatal("unknown shape accepted")
+	}
+}
