@@ -2,7 +2,7 @@
 """Authoritative golden ids for the Go tokenizer, from Hugging Face `tokenizers`.
 
 Usage:
-    python3 tools/refgen/tokgolden.py OUTDIR [TESTDATA_DIR]
+    python3 tools/refgen/tokgolden.py OUTDIR [TESTDATA_DIR] [--tokenizer FILE --name NAME]
 
 Reads TESTDATA_DIR/golden_strings.json and the committed Qwen3 tokenizer
 (TESTDATA_DIR/qwen3/tokenizer.json.gz, tokenizer_config.json); TESTDATA_DIR
@@ -10,7 +10,12 @@ defaults to tokenizer/testdata next to this script's repository root. Writes
 OUTDIR/golden_qwen3_hf.json; copy it to tokenizer/testdata/ so that
 `go test ./tokenizer` compares against it instead of the JavaScript reference.
 
+With --tokenizer, another tokenizer.json (optionally .gz) is used instead
+and the output is OUTDIR/golden_NAME_hf.json (for one-off checks of other
+models whose files are not committed).
+
 For every string it records:
+  ids_addspecial encode(text, add_special_tokens=True), special tokens parsed
   ids            encode(text, add_special_tokens=False), special tokens parsed
   ids_nospecial  the same with encode_special_tokens=True (special tokens as text)
   decoded        decode(ids, skip_special_tokens=False)
@@ -28,12 +33,17 @@ import sys
 
 
 def main(argv):
-    if len(argv) < 2 or len(argv) > 3:
-        sys.stderr.write(__doc__)
-        return 2
-    outdir = argv[1]
+    import argparse
+
+    ap = argparse.ArgumentParser(description="golden token ids from HF tokenizers")
+    ap.add_argument("outdir")
+    ap.add_argument("testdata", nargs="?")
+    ap.add_argument("--tokenizer", help="tokenizer.json or tokenizer.json.gz (default: the committed Qwen3 one)")
+    ap.add_argument("--name", default="qwen3", help="name used in the output file name")
+    args = ap.parse_args(argv[1:])
+    outdir = args.outdir
     here = os.path.dirname(os.path.abspath(__file__))
-    testdata = argv[2] if len(argv) == 3 else os.path.join(here, "..", "..", "tokenizer", "testdata")
+    testdata = args.testdata or os.path.join(here, "..", "..", "tokenizer", "testdata")
 
     try:
         import tokenizers
@@ -44,7 +54,9 @@ def main(argv):
 
     with open(os.path.join(testdata, "golden_strings.json"), encoding="utf-8") as f:
         strings = json.load(f)
-    with gzip.open(os.path.join(testdata, "qwen3", "tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+    tpath = args.tokenizer or os.path.join(testdata, "qwen3", "tokenizer.json.gz")
+    opener = gzip.open if tpath.endswith(".gz") else open
+    with opener(tpath, "rt", encoding="utf-8") as f:
         tokenizer_json = f.read()
 
     tok = Tokenizer.from_str(tokenizer_json)
@@ -61,6 +73,7 @@ def main(argv):
         ids = tok.encode(text, add_special_tokens=False).ids
         case = {
             "text": text,
+            "ids_addspecial": tok.encode(text, add_special_tokens=True).ids,
             "ids": ids,
             "ids_nospecial": plain.encode(text, add_special_tokens=False).ids if has_flag else None,
             "decoded": tok.decode(ids, skip_special_tokens=False),
@@ -98,7 +111,7 @@ def main(argv):
             sys.stderr.write("tokgolden.py: transformers cross-check failed: %s\n" % e)
 
     os.makedirs(outdir, exist_ok=True)
-    path = os.path.join(outdir, "golden_qwen3_hf.json")
+    path = os.path.join(outdir, "golden_%s_hf.json" % args.name)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False)
         f.write("\n")
