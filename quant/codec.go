@@ -26,10 +26,14 @@ type Codec interface {
 	// buffer of ExpectedBytes length. Rows are independent, so a tensor can
 	// be encoded in chunks (for q8_2f, opt.Col must then be given).
 	EncodeRows(dst []byte, w []float32, rows, cols, r0 int, opt *EncodeOptions) error
-	// DecodeRow writes row r of the stored tensor src to dst[:cols].
+	// DecodeRow writes row r of the stored tensor src to dst[:cols]. src
+	// must hold ExpectedBytes of the shape (any contents are safe: odd
+	// bytes give odd values, never a panic) and 0 <= r < rows; these are
+	// not checked.
 	DecodeRow(dst []float32, src []byte, rows, cols, r int)
 	// DotRow is the plain reference Σ_i W[r,i]·x[i] from the stored bytes,
-	// with the same arithmetic a kernel is expected to reproduce.
+	// with the same arithmetic a kernel is expected to reproduce; the
+	// preconditions of DecodeRow apply, and len(x) >= cols.
 	DotRow(src []byte, rows, cols, r int, x []float32) float32
 }
 

@@ -4,7 +4,8 @@
 // A format is one row in a traits table (see Codec): its byte size for a
 // shape, an encoder from float32 rows, a decoder to float32, and a plain
 // reference row·vector dot product against which every fast kernel is tested.
-// The exact byte layouts are normative and written down in docs/cmf.md.
+// The exact byte layouts are normative and written down in docs/quant.md
+// (sizes and dtype codes also in docs/cmf.md).
 package quant
 
 import (

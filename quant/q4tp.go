@@ -184,7 +184,7 @@ func q4tpGroupErr(w []float32, s float32) float32 {
 	inv := 1 / s
 	var e float32
 	for _, v := range w[:GroupSize] {
-		x := v * inv
+		x := float32(v * inv) // rounded here: no FMA with the +8.5 below
 		if x < -8 {
 			x = -8
 		} else if x > 7 {
@@ -201,7 +201,7 @@ func q4tpGroupErr(w []float32, s float32) float32 {
 func q4tpGroupQuant(q []int8, w []float32, s float32) {
 	inv := 1 / s
 	for i, v := range w[:GroupSize] {
-		x := v * inv
+		x := float32(v * inv) // rounded here: no FMA with the +8.5 below
 		if x < -8 {
 			x = -8
 		} else if x > 7 {
