@@ -454,6 +454,11 @@ def save_tokenizer(tok, flavor, chat_template, out_dir):
     cfg["pad_token"] = fl["pad"]
     if flavor == "qwen3":
         cfg["add_bos_token"] = False
+    cfg["added_tokens_decoder"] = {
+        str(i): {"content": at.content, "lstrip": at.lstrip, "normalized": at.normalized, "rstrip": at.rstrip,
+                 "single_word": at.single_word, "special": at.special}
+        for i, at in sorted(tok.get_added_tokens_decoder().items())
+    }
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2, ensure_ascii=False)
         f.write("\n")
@@ -615,7 +620,8 @@ ZERO_CENTRED_NORM_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 INIT_STD = {
     "default": 0.05,
-    "embed_tokens/lm_head": 0.05,
+    "embed_tokens (also the lm_head when tied)": 0.02,
+    "lm_head (untied)": 0.05,
     "q_proj/k_proj": 0.1,
     "router (mlp.gate, shared_expert_gate)": 0.2,
     "conv1d": 0.3,
@@ -655,7 +661,9 @@ def init_tensor(name, shape, zero_centred, gen):
         return randn(0.3)
     if len(shape) == 1 and is_norm_weight(name):
         return norm_default(name, zero_centred) + randn(0.1)
-    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+    if name.endswith("embed_tokens.weight"):
+        return randn(0.02)
+    if name.endswith("lm_head.weight"):
         return randn(0.05)
     if name.endswith("q_proj.weight") or name.endswith("k_proj.weight"):
         return randn(0.1)
@@ -745,7 +753,9 @@ def save_safetensors(tensors, path):
 
 
 def expert_dims(cfg):
-    return cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
+    # transformers 5 saves qwen3_moe's count as num_local_experts (attribute_map of num_experts).
+    n = cfg.get("num_experts", cfg.get("num_local_experts"))
+    return n, cfg["moe_intermediate_size"], cfg["hidden_size"]
 
 
 def unfuse_experts(sd, cfg):
@@ -1026,6 +1036,12 @@ def build_fixture(sp, out_root, tok_assets, device, repo_root):
     del model
     native_cfg = read_json(os.path.join(tmp, "config.json"))
     native_sd = load_safetensors(os.path.join(tmp, "model.safetensors"))
+    if "head_dim" in sp["cfg"]:
+        # Some config classes have no head_dim field; make sure the weights really use it.
+        gated = config.model_type in ZERO_CENTRED_NORM_TYPES  # q_proj also holds the output gate
+        want = sp["cfg"]["num_attention_heads"] * sp["cfg"]["head_dim"] * (2 if gated else 1)
+        qs = [k for k in native_sd if k.endswith("self_attn.q_proj.weight")]
+        checks["head_dim_in_weights"] = bool(qs) and all(native_sd[k].shape[0] == want for k in qs)
     log(f"{name}: transformers saved {len(native_sd)} tensors; e.g. {sorted(native_sd)[:3]} ... "
         f"{[k for k in sorted(native_sd) if 'expert' in k][:3]}")
 
@@ -1080,6 +1096,8 @@ def build_fixture(sp, out_root, tok_assets, device, repo_root):
         if sp["drop_layer_types"]:
             cfg_out.pop("layer_types", None)
             cfg_out["full_attention_interval"] = 4
+        if "num_local_experts" in cfg_out and config.model_type == "qwen3_moe":
+            cfg_out["num_experts"] = cfg_out.pop("num_local_experts")  # the published spelling
         write_json(os.path.join(final, "config.json"), cfg_out)
 
     all_sd = dict(sd)
@@ -1278,6 +1296,8 @@ def hard_failures(checks, cases):
         bad.append("layout_roundtrip")
     if checks.get("tied_shares_storage") is False:
         bad.append("tied_shares_storage")
+    if checks.get("head_dim_in_weights") is False:
+        bad.append("head_dim_in_weights")
     t = checks.get("tokenizer", {})
     if t.get("hf_vs_raw_mismatches") or not t.get("chat_template_roundtrip", False):
         bad.append("tokenizer")
