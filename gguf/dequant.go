@@ -292,22 +292,22 @@ func dequantQ4K(dst []float32, src []byte) {
 // qh[l], and of element 64p + 32 + l bit 2p+1.
 func dequantQ5K(dst []float32, src []byte) {
 	for i := range len(dst) / qkK {
-		b := src[i*176 : i*176+176]
-		d, dmin := f16At(b), f16At(b[2:])
-		scales, qh, qs := b[4:16], b[16:48], b[48:176]
+		b := (*[176]byte)(src[i*176:])
+		d, dmin := f16At(b[0:]), f16At(b[2:])
+		scales, qh := b[4:16], (*[32]byte)(b[16:48])
 		y := dst[i*qkK : i*qkK+qkK]
 		for p := range 4 {
 			sc1, m1 := scaleMinK4(2*p, scales)
 			sc2, m2 := scaleMinK4(2*p+1, scales)
 			d1, mm1 := d*float32(sc1), dmin*float32(m1)
 			d2, mm2 := d*float32(sc2), dmin*float32(m2)
-			q := qs[32*p : 32*p+32]
-			out := y[64*p : 64*p+64]
-			for l, v := range q {
-				lo := v&0xf | (qh[l]>>(2*p)&1)<<4
-				hi := v>>4 | (qh[l]>>(2*p+1)&1)<<4
-				out[l] = d1*float32(lo) - mm1
-				out[32+l] = d2*float32(hi) - mm2
+			q := (*[32]byte)(b[48+32*p:])
+			out := (*[64]float32)(y[64*p:])
+			shift := uint(2 * p)
+			for l := range 32 {
+				v, hb := q[l], qh[l]>>shift
+				out[l] = d1*float32(v&0xf|(hb&1)<<4) - mm1
+				out[32+l] = d2*float32(v>>4|(hb>>1&1)<<4) - mm2
 			}
 		}
 	}
@@ -319,24 +319,27 @@ func dequantQ5K(dst []float32, src []byte) {
 // ql[64h+32+l]; their high bits are bit pairs 0, 4, 2, 6 of qh[32h+l].
 // Each 16 elements share a scale; x = d·sc·(q − 32).
 func dequantQ6K(dst []float32, src []byte) {
+	var ds [16]float32
 	for i := range len(dst) / qkK {
-		b := src[i*210 : i*210+210]
-		ql, qh, scales := b[0:128], b[128:192], b[192:208]
+		b := (*[210]byte)(src[i*210:])
 		d := f16At(b[208:])
+		for j := range ds {
+			ds[j] = d * float32(int8(b[192+j]))
+		}
 		y := dst[i*qkK : i*qkK+qkK]
 		for h := range 2 {
-			l4, h2, sc := ql[64*h:64*h+64], qh[32*h:32*h+32], scales[8*h:8*h+8]
-			out := y[128*h : 128*h+128]
-			for l := range 32 {
-				is := l / 16
-				q1 := int(l4[l]&0xf|(h2[l]>>0&3)<<4) - 32
-				q2 := int(l4[l+32]&0xf|(h2[l]>>2&3)<<4) - 32
-				q3 := int(l4[l]>>4|(h2[l]>>4&3)<<4) - 32
-				q4 := int(l4[l+32]>>4|(h2[l]>>6&3)<<4) - 32
-				out[l] = d * float32(int8(sc[is])) * float32(q1)
-				out[l+32] = d * float32(int8(sc[is+2])) * float32(q2)
-				out[l+64] = d * float32(int8(sc[is+4])) * float32(q3)
-				out[l+96] = d * float32(int8(sc[is+6])) * float32(q4)
+			l4 := (*[64]byte)(b[64*h:])
+			h2 := (*[32]byte)(b[128+32*h:])
+			out := (*[128]float32)(y[128*h:])
+			for is := range 2 { // rows l < 16 and l ≥ 16 use different scales
+				s0, s1, s2, s3 := ds[8*h+is], ds[8*h+is+2], ds[8*h+is+4], ds[8*h+is+6]
+				for l := 16 * is; l < 16*is+16; l++ {
+					lo, hi, hb := l4[l], l4[l+32], h2[l]
+					out[l] = s0 * float32(int8(lo&0xf|(hb&3)<<4)-32)
+					out[l+32] = s1 * float32(int8(hi&0xf|(hb>>2&3)<<4)-32)
+					out[l+64] = s2 * float32(int8(lo>>4|(hb>>4&3)<<4)-32)
+					out[l+96] = s3 * float32(int8(hi>>4|(hb>>6&3)<<4)-32)
+				}
 			}
 		}
 	}
