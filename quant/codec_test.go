@@ -459,6 +459,14 @@ func TestQ82FNeverWorse(t *testing.T) {
 			t.Fatalf("trial %d: column field geometric mean 2^%.2f", trial, g)
 		}
 	}
+	// A tall matrix: the fit and the choice work on samples of rows.
+	tall, _ := TestMatrix("uneven-columns", 3000, 64, 13)
+	shape := []int{3000, 64}
+	f2, _ := Decode(Q82F, mustEncode(t, Q82F, tall, shape, nil), shape)
+	f1, _ := Decode(Q8Row, mustEncode(t, Q8Row, tall, shape, nil), shape)
+	if e2, e1 := relErr(tall, f2), relErr(tall, f1); e2 > 0.6*e1 {
+		t.Fatalf("3000×64: q8_2f error %.5f, q8_row %.5f", e2, e1)
+	}
 	if FitColumns(make([]float32, 5), 2, 3, nil) != nil || FitColumns(make([]float32, 6), 2, 3, ones(2)) != nil {
 		t.Fatal("FitColumns accepted inconsistent arguments")
 	}

@@ -20,14 +20,16 @@ import (
 // mirror-descent steps on a sample of rows, tightens the result (shrinks
 // every column to the smallest scale that keeps all row maxima, which can
 // only lower F), and then picks, by the real quantization error weighted by
-// σ² over all rows, the best of: no column field (all ones), sqrt of the
-// column absmax, the column absmax, and the fitted field before and after
-// tightening (the sample may miss rows that tightening then clips hard).
+// σ² over all rows (up to 2048 evenly spaced rows of a larger matrix), the
+// best of: no column field (all ones), sqrt of the column absmax, the column
+// absmax, and the fitted field before and after tightening (the sample may
+// miss rows that tightening then clips hard).
 
 const (
-	colFitSampleRows = 512 // rows the surrogate is optimised on
-	colFitIters      = 30  // mirror-descent steps
-	colFitP          = 16  // norm replacing the row max (a power of two)
+	colFitSampleRows = 512  // rows the surrogate is optimised on
+	colFitEvalRows   = 2048 // rows the candidates are judged on
+	colFitIters      = 30   // mirror-descent steps
+	colFitP          = 16   // norm replacing the row max (a power of two)
 )
 
 // FitColumns fits the q8_2f column field of a rows×cols row-major matrix.
@@ -71,15 +73,26 @@ func FitColumns(w []float32, rows, cols int, stats []float32) []float32 {
 	fitted := append([]float64(nil), raw...)
 	f.tighten(fitted)
 
-	var best []float32
-	bestErr := math.Inf(1)
-	for _, c := range [][]float64{ones, sq, colmax, raw, fitted} {
-		c32 := normaliseCols(w, rows, cols, c, colmax)
-		if e := q82fError(w, rows, cols, c32, sig2); e < bestErr {
-			best, bestErr = c32, e
+	// Judge the candidates on up to colFitEvalRows evenly spaced rows, then
+	// normalise the winner against all rows.
+	ew, erows := w, rows
+	if rows > colFitEvalRows {
+		erows = colFitEvalRows
+		ew = make([]float32, erows*cols)
+		for k := range erows {
+			o := k * rows / erows
+			copy(ew[k*cols:(k+1)*cols], w[o*cols:(o+1)*cols])
 		}
 	}
-	return best
+	var best []float64
+	bestErr := math.Inf(1)
+	for _, c := range [][]float64{ones, sq, colmax, raw, fitted} {
+		c32 := normaliseCols(ew, erows, cols, c, colmax)
+		if e := q82fError(ew, erows, cols, c32, sig2); e < bestErr {
+			best, bestErr = c, e
+		}
+	}
+	return normaliseCols(w, rows, cols, best, colmax)
 }
 
 // colWeights returns σ² per column: 1 without statistics, else the squared
