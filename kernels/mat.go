@@ -1,0 +1,160 @@
+// Package kernels holds cortiq's CPU compute kernels: matrix-vector and
+// matrix-matrix products over weights stored in any CMF format (read in
+// place from the memory-mapped file, never decoded up front), a persistent
+// worker pool that runs them over contiguous row blocks, and the
+// elementwise operations of a transformer (RMSNorm, RoPE, softmax, SiLU).
+//
+// The per-format row kernels live in one table (kernelFor, dot.go) with
+// quant.Codec.DotRow as the plain reference beside each; the tests compare
+// the two on random inputs. Assembly kernels for AVX2/AVX-512 can replace
+// table entries without touching the callers.
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"github.com/cortiq/cortiq/half"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Mat is a rows×cols weight matrix (y = W·x, W row-major [out, in]) viewed
+// in place in its stored bytes: Data is the tensor's bytes in the CMF
+// layout of DType (a slice of the model mapping). The kernels keep small
+// side tables next to it (row scales, the q8_2f column field, q4tp
+// ladders), built once by NewMat or on first use; the weights themselves
+// are never copied or decoded up front.
+//
+// A Mat is used through a pointer and must not be copied after first use.
+type Mat struct {
+	DType      quant.DType
+	Rows, Cols int
+	Data       []byte
+
+	once sync.Once
+	err  error
+	side
+}
+
+// side holds what the kernels derive from Data once.
+type side struct {
+	f32   []float32 // F32: Data viewed as float32
+	u16   []uint16  // F16, BF16: Data viewed as uint16
+	scale []float32 // Q8Row, Q82F: per-row scale; Q4TP: unused
+	col   []float32 // Q82F: column field
+	lad   []float32 // Q4TP: 32 rungs per row
+	codes []byte    // Q4TP: code section (Q4TPCodeStride bytes per row)
+	cstr  int       // Q4TP: code bytes per row
+}
+
+// NewMat checks that data holds a rows×cols tensor of format d and
+// prepares its side tables.
+func NewMat(d quant.DType, rows, cols int, data []byte) (*Mat, error) {
+	m := &Mat{DType: d, Rows: rows, Cols: cols, Data: data}
+	if err := m.Prepare(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Prepare validates the matrix and builds its side tables; it runs once,
+// and the kernels call it, so a Mat literal works too.
+func (m *Mat) Prepare() error {
+	m.once.Do(func() { m.err = m.prepare() })
+	return m.err
+}
+
+// SideBytes returns the memory the side tables take (views excluded).
+func (m *Mat) SideBytes() int64 {
+	return int64(4 * (len(m.scale) + len(m.col) + len(m.lad)))
+}
+
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+func (m *Mat) prepare() error {
+	if m.Rows <= 0 || m.Cols <= 0 {
+		return fmt.Errorf("kernels: %s matrix %d×%d has no elements", m.DType, m.Rows, m.Cols)
+	}
+	if kernelFor(m.DType) == nil {
+		return fmt.Errorf("kernels: no CPU kernel for format %s", m.DType)
+	}
+	want, err := quant.ExpectedBytes(m.DType, []int{m.Rows, m.Cols})
+	if err != nil {
+		return fmt.Errorf("kernels: %s %d×%d: %w", m.DType, m.Rows, m.Cols, err)
+	}
+	if int64(len(m.Data)) != want {
+		return fmt.Errorf("kernels: %s %d×%d needs %d bytes, have %d", m.DType, m.Rows, m.Cols, want, len(m.Data))
+	}
+	if !littleEndian {
+		return fmt.Errorf("kernels: big-endian hosts are not supported")
+	}
+	n := m.Rows * m.Cols
+	switch m.DType {
+	case quant.F32:
+		if uintptr(unsafe.Pointer(&m.Data[0]))%4 != 0 {
+			return fmt.Errorf("kernels: f32 data is not 4-byte aligned")
+		}
+		m.f32 = unsafe.Slice((*float32)(unsafe.Pointer(&m.Data[0])), n)
+	case quant.F16, quant.BF16:
+		if uintptr(unsafe.Pointer(&m.Data[0]))%2 != 0 {
+			return fmt.Errorf("kernels: %s data is not 2-byte aligned", m.DType)
+		}
+		m.u16 = unsafe.Slice((*uint16)(unsafe.Pointer(&m.Data[0])), n)
+	case quant.Q8Row, quant.Q82F:
+		m.scale = make([]float32, m.Rows)
+		for r := range m.scale {
+			m.scale[r] = half.F16ToF32(binary.LittleEndian.Uint16(m.Data[n+2*r:]))
+		}
+		if m.DType == quant.Q82F {
+			off := quant.Q82FColOffset(m.Rows, m.Cols)
+			m.col = make([]float32, m.Cols)
+			for i := range m.col {
+				m.col[i] = math.Float32frombits(binary.LittleEndian.Uint32(m.Data[off+int64(4*i):]))
+			}
+		}
+	case quant.Q4TP:
+		gpr := m.Cols / quant.GroupSize
+		po := m.Rows * gpr * 16
+		m.cstr = quant.Q4TPCodeStride(m.Cols)
+		m.codes = m.Data[po+4*m.Rows:]
+		m.lad = make([]float32, 32*m.Rows)
+		for r := 0; r < m.Rows; r++ {
+			a := half.F16ToF32(binary.LittleEndian.Uint16(m.Data[po+4*r:]))
+			b := half.F16ToF32(binary.LittleEndian.Uint16(m.Data[po+4*r+2:]))
+			l := m.lad[32*r : 32*r+32]
+			for k := range l {
+				e := a + float32(float32(k)*b) // as the codec: no FMA
+				l[k] = float32(math.Exp2(float64(e)))
+			}
+		}
+	}
+	return nil
+}
+
+// Row decodes row r into dst[:Cols] (an embedding lookup).
+func (m *Mat) Row(r int, dst []float32) {
+	if err := m.Prepare(); err != nil {
+		panic(err)
+	}
+	if r < 0 || r >= m.Rows {
+		panic(fmt.Sprintf("kernels: row %d of a %d-row matrix", r, m.Rows))
+	}
+	d := dst[:m.Cols]
+	post := kernelFor(m.DType).decode(m, r, d)
+	switch {
+	case m.col != nil:
+		for i, c := range m.col {
+			d[i] = d[i] * post * c
+		}
+	case post != 1:
+		for i := range d {
+			d[i] *= post
+		}
+	}
+}

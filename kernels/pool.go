@@ -1,0 +1,236 @@
+package kernels
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Task is work over the index range [0, n) that a Pool splits into
+// contiguous blocks, one per worker. Run handles [lo, hi); worker (0 ..
+// Workers()-1) lets a task keep per-worker scratch without locking.
+type Task interface {
+	Run(lo, hi, worker int)
+}
+
+// Pool is a fixed set of worker goroutines, started once, that run the
+// kernels over contiguous blocks of rows. The calling goroutine takes the
+// first block itself. One operation runs at a time; concurrent callers
+// queue on a mutex. Close stops the workers.
+type Pool struct {
+	mu      sync.Mutex
+	n       int
+	start   []chan struct{} // one per worker goroutine (index 1..n-1)
+	done    sync.WaitGroup
+	task    Task
+	spans   [][2]int
+	closed  bool
+	scratch [][]float32 // per worker: decoded weight rows for MatMul
+	xc      []float32   // q8_2f: inputs times the column field
+
+	mv matvecTask
+	mm matmulTask
+}
+
+// minParallelWork is the number of multiply-adds below which an operation
+// runs on the calling goroutine alone: waking a worker costs microseconds.
+const minParallelWork = 1 << 15
+
+// NewPool starts a pool of n workers (n <= 0: GOMAXPROCS).
+func NewPool(n int) *Pool {
+	if n <= 0 {
+		n = runtime.GOMAXPROCS(0)
+	}
+	p := &Pool{n: n, start: make([]chan struct{}, n), spans: make([][2]int, n), scratch: make([][]float32, n)}
+	for i := 1; i < n; i++ {
+		p.start[i] = make(chan struct{}, 1)
+		go p.worker(i)
+	}
+	return p
+}
+
+func (p *Pool) worker(i int) {
+	for range p.start[i] {
+		s := p.spans[i]
+		p.task.Run(s[0], s[1], i)
+		p.done.Done()
+	}
+}
+
+// Workers returns the number of workers, the calling goroutine included.
+func (p *Pool) Workers() int { return p.n }
+
+// Close stops the worker goroutines. The pool must not be used afterwards.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for _, c := range p.start[1:] {
+		close(c)
+	}
+}
+
+// For runs t over [0, n) split into contiguous blocks, in parallel when
+// work (an estimate of the multiply-adds in total) is worth it.
+func (p *Pool) For(n int, work int, t Task) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.run(n, 1, work, t)
+}
+
+// run splits [0, n) into at most Workers() blocks whose bounds are
+// multiples of unit and runs them; the caller holds p.mu.
+func (p *Pool) run(n, unit, work int, t Task) {
+	if p.closed {
+		panic("kernels: use of a closed Pool")
+	}
+	if n <= 0 {
+		return
+	}
+	units := (n + unit - 1) / unit
+	k := min(p.n, units)
+	if work < minParallelWork {
+		k = 1
+	}
+	if k == 1 {
+		t.Run(0, n, 0)
+		return
+	}
+	p.task = t
+	for i := 0; i < k; i++ {
+		p.spans[i] = [2]int{min(n, i*units/k*unit), min(n, (i+1)*units/k*unit)}
+	}
+	p.done.Add(k - 1)
+	for i := 1; i < k; i++ {
+		p.start[i] <- struct{}{}
+	}
+	t.Run(p.spans[0][0], p.spans[0][1], 0)
+	p.done.Wait()
+	p.task = nil
+}
+
+// prescale returns x (n rows of m.Cols) multiplied by the q8_2f column
+// field in a pool buffer, or x itself for other formats.
+func (p *Pool) prescale(m *Mat, x []float32, n int) []float32 {
+	if m.col == nil {
+		return x
+	}
+	c := m.Cols
+	if cap(p.xc) < n*c {
+		p.xc = make([]float32, n*c)
+	}
+	xc := p.xc[:n*c]
+	for j := 0; j < n; j++ {
+		xr, dr := x[j*c:(j+1)*c], xc[j*c:(j+1)*c]
+		for i, v := range m.col {
+			dr[i] = xr[i] * v
+		}
+	}
+	return xc
+}
+
+func mustPrepare(m *Mat) *dtypeKernel {
+	if err := m.Prepare(); err != nil {
+		panic(err)
+	}
+	return kernelFor(m.DType)
+}
+
+// MatVec computes y = W·x: y[r] = Σ_i W[r,i]·x[i], len(x) >= Cols,
+// len(y) >= Rows. Rows are split in contiguous blocks over the workers.
+func (p *Pool) MatVec(m *Mat, x, y []float32) {
+	k := mustPrepare(m)
+	if len(x) < m.Cols || len(y) < m.Rows {
+		panic(fmt.Sprintf("kernels: MatVec %d×%d with len(x)=%d, len(y)=%d", m.Rows, m.Cols, len(x), len(y)))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.mv = matvecTask{k: k, m: m, x: p.prescale(m, x[:m.Cols], 1), y: y}
+	p.run(m.Rows, 4, m.Rows*m.Cols, &p.mv)
+	p.mv = matvecTask{}
+}
+
+type matvecTask struct {
+	k    *dtypeKernel
+	m    *Mat
+	x, y []float32
+}
+
+func (t *matvecTask) Run(lo, hi, _ int) {
+	dot, dot4, m, x, y := t.k.dot, t.k.dot4, t.m, t.x, t.y
+	r := lo
+	for ; r+4 <= hi; r += 4 {
+		y[r], y[r+1], y[r+2], y[r+3] = dot4(m, r, x)
+	}
+	for ; r < hi; r++ {
+		y[r] = dot(m, r, x)
+	}
+}
+
+// MatMul computes Y = X·Wᵀ for n input rows: X is n×Cols row-major, Y is
+// n×Rows row-major (Y[j*Rows+r] = W[r,:]·X[j,:]). Each weight row is
+// decoded once per tile of positions and reused across them (batched
+// prefill); n == 1 is MatVec.
+func (p *Pool) MatMul(m *Mat, X []float32, n int, Y []float32) {
+	if n == 1 {
+		p.MatVec(m, X, Y)
+		return
+	}
+	k := mustPrepare(m)
+	if n < 0 || len(X) < n*m.Cols || len(Y) < n*m.Rows {
+		panic(fmt.Sprintf("kernels: MatMul %d×%d, n=%d with len(X)=%d, len(Y)=%d", m.Rows, m.Cols, n, len(X), len(Y)))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range p.scratch {
+		if len(p.scratch[i]) < 4*m.Cols {
+			p.scratch[i] = make([]float32, 4*m.Cols)
+		}
+	}
+	p.mm = matmulTask{k: k, m: m, x: p.prescale(m, X[:n*m.Cols], n), n: n, y: Y, scratch: p.scratch}
+	p.run(m.Rows, 4, n*m.Rows*m.Cols, &p.mm)
+	p.mm = matmulTask{}
+}
+
+// matmulTile is the number of positions a decoded block of rows serves
+// before the next block is decoded: the tile's inputs stay in cache.
+const matmulTile = 32
+
+type matmulTask struct {
+	k       *dtypeKernel
+	m       *Mat
+	x       []float32
+	n       int
+	y       []float32
+	scratch [][]float32
+}
+
+func (t *matmulTask) Run(lo, hi, worker int) {
+	m, c, rows := t.m, t.m.Cols, t.m.Rows
+	buf := t.scratch[worker][:4*c]
+	w0, w1, w2, w3 := buf[:c], buf[c:2*c], buf[2*c:3*c], buf[3*c:]
+	for j0 := 0; j0 < t.n; j0 += matmulTile {
+		j1 := min(j0+matmulTile, t.n)
+		r := lo
+		for ; r+4 <= hi; r += 4 {
+			p0 := t.k.decode(m, r, w0)
+			p1 := t.k.decode(m, r+1, w1)
+			p2 := t.k.decode(m, r+2, w2)
+			p3 := t.k.decode(m, r+3, w3)
+			for j := j0; j < j1; j++ {
+				a, b, cc, d := dot4(w0, w1, w2, w3, t.x[j*c:(j+1)*c])
+				yr := t.y[j*rows+r : j*rows+r+4 : j*rows+r+4]
+				yr[0], yr[1], yr[2], yr[3] = a*p0, b*p1, cc*p2, d*p3
+			}
+		}
+		for ; r < hi; r++ {
+			p0 := t.k.decode(m, r, w0)
+			for j := j0; j < j1; j++ {
+				t.y[j*rows+r] = Dot(w0, t.x[j*c:(j+1)*c]) * p0
+			}
+		}
+	}
+}
