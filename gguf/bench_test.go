@@ -1,6 +1,8 @@
 package gguf
 
 import (
+	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -48,5 +50,29 @@ func BenchmarkQuantize(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkParseVocab measures parsing a header with a 150k-token vocab.
+func BenchmarkParseVocab(b *testing.B) {
+	const n = 150000
+	toks := make([]string, n)
+	scores := make([]float32, n)
+	for i := range toks {
+		toks[i] = fmt.Sprintf("tok%d", i)
+		scores[i] = float32(-i)
+	}
+	w := NewWriter()
+	_ = w.AddKV("tokenizer.ggml.tokens", Strings(toks))
+	_ = w.AddKV("tokenizer.ggml.scores", Float32s(scores))
+	var buf bytes.Buffer
+	if _, err := w.WriteTo(&buf); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(buf.Len()))
+	for b.Loop() {
+		if _, err := Parse(buf.Bytes()); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -437,8 +437,8 @@ func (c *cursor) value(t ValueType, depth int, key string) (Value, error) {
 	case ValueString:
 		a := make([]string, n)
 		for i := range a {
-			if a[i], err = c.str(fmt.Sprintf("element %d of %q", i, key)); err != nil {
-				return Value{}, err
+			if a[i], err = c.str("string"); err != nil {
+				return Value{}, fmt.Errorf("%w (element %d of %q)", err, i, key)
 			}
 		}
 		v.v = a
@@ -490,38 +490,39 @@ func scalarAt(t ValueType, b []byte) any {
 }
 
 func decodeArray(t ValueType, b []byte, n int) any {
-	sz := valueSizes[t]
+	le := binary.LittleEndian
 	switch t {
 	case ValueUint8:
 		return slices.Clone(b)
 	case ValueInt8:
-		return fill[int8](t, b, n, sz)
+		return conv(b, n, 1, func(p []byte) int8 { return int8(p[0]) })
 	case ValueUint16:
-		return fill[uint16](t, b, n, sz)
+		return conv(b, n, 2, le.Uint16)
 	case ValueInt16:
-		return fill[int16](t, b, n, sz)
+		return conv(b, n, 2, func(p []byte) int16 { return int16(le.Uint16(p)) })
 	case ValueUint32:
-		return fill[uint32](t, b, n, sz)
+		return conv(b, n, 4, le.Uint32)
 	case ValueInt32:
-		return fill[int32](t, b, n, sz)
+		return conv(b, n, 4, func(p []byte) int32 { return int32(le.Uint32(p)) })
 	case ValueFloat32:
-		return fill[float32](t, b, n, sz)
+		return conv(b, n, 4, func(p []byte) float32 { return math.Float32frombits(le.Uint32(p)) })
 	case ValueBool:
-		return fill[bool](t, b, n, sz)
+		return conv(b, n, 1, func(p []byte) bool { return p[0] != 0 })
 	case ValueUint64:
-		return fill[uint64](t, b, n, sz)
+		return conv(b, n, 8, le.Uint64)
 	case ValueInt64:
-		return fill[int64](t, b, n, sz)
+		return conv(b, n, 8, func(p []byte) int64 { return int64(le.Uint64(p)) })
 	case ValueFloat64:
-		return fill[float64](t, b, n, sz)
+		return conv(b, n, 8, func(p []byte) float64 { return math.Float64frombits(le.Uint64(p)) })
 	}
 	return nil
 }
 
-func fill[T any](t ValueType, b []byte, n, sz int) []T {
+// conv decodes n values of sz bytes each.
+func conv[T any](b []byte, n, sz int, get func([]byte) T) []T {
 	out := make([]T, n)
 	for i := range out {
-		out[i] = scalarAt(t, b[i*sz:]).(T)
+		out[i] = get(b[i*sz:])
 	}
 	return out
 }
