@@ -24,6 +24,9 @@ import (
 	"github.com/cortiq/cortiq/quant"
 )
 
+// chunkFloats is the float32 buffer size of chunked encoding (32 MiB).
+var chunkFloats = 8 << 20
+
 // Version is recorded in the provenance of every converted file.
 const Version = "0.1.0"
 
@@ -57,9 +60,12 @@ type srcTensor struct {
 	// copied as they are (f32/f16/bf16 sources); ok=false otherwise.
 	raw func() (b []byte, d quant.DType, ok bool)
 	// load decodes the tensor to float32 into dst (len = elements).
-	load    func(dst []float32) error
-	release func()
-	inBytes int64
+	load func(dst []float32) error
+	// loadRows, when set, decodes rows [r0, r1) alone, so the tensor can
+	// be encoded in chunks.
+	loadRows func(r0, r1 int, dst []float32) error
+	release  func()
+	inBytes  int64
 }
 
 // blob is a byte tensor carried along (the tokenizer).
@@ -102,6 +108,36 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 		d := specs[i].DType
 		if raw, sd, ok := t.raw(); ok && sd == d {
 			if err := w.WriteTensor(t.name, raw); err != nil {
+				return nil, err
+			}
+		} else if t.loadRows != nil && d != quant.Q82F {
+			// Row chunks: memory is the encoded tensor plus one chunk.
+			rows, cols, _ := quant.Matrix(t.shape)
+			nb, _ := quant.ExpectedBytes(d, t.shape)
+			if int64(cap(enc)) < nb {
+				enc = make([]byte, nb)
+			}
+			enc = enc[:nb]
+			c, err := quant.CodecFor(d)
+			if err != nil {
+				return nil, err
+			}
+			step := max(1, chunkFloats/max(cols, 1))
+			n := min(rows, step) * cols
+			if cap(buf) < n {
+				buf = make([]float32, n)
+			}
+			for r0 := 0; r0 < rows; r0 += step {
+				r1 := min(rows, r0+step)
+				chunk := buf[:(r1-r0)*cols]
+				if err := t.loadRows(r0, r1, chunk); err != nil {
+					return nil, fmt.Errorf("convert: %s: %w", t.name, err)
+				}
+				if err := encodeChunk(c, enc, chunk, rows, cols, r0, opt.Threads); err != nil {
+					return nil, fmt.Errorf("convert: %s as %s: %w", t.name, d, err)
+				}
+			}
+			if err := w.WriteTensor(t.name, enc); err != nil {
 				return nil, err
 			}
 		} else {
@@ -183,6 +219,33 @@ func encodeParallel(d quant.DType, dst []byte, w []float32, rows, cols, threads 
 		go func() {
 			defer wg.Done()
 			errs[k] = c.EncodeRows(dst, w[r0*cols:r1*cols], rows, cols, r0, opt)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// encodeChunk encodes rows [r0, r0+len(w)/cols) on several goroutines.
+func encodeChunk(c quant.Codec, dst []byte, w []float32, rows, cols, r0, threads int) error {
+	n := len(w) / cols
+	if threads <= 0 {
+		threads = runtime.GOMAXPROCS(0)
+	}
+	if threads == 1 || n < 64 {
+		return c.EncodeRows(dst, w, rows, cols, r0, nil)
+	}
+	per := (n + threads - 1) / threads
+	var wg sync.WaitGroup
+	errs := make([]error, threads)
+	for k := 0; k < threads; k++ {
+		a, b := k*per, min(n, (k+1)*per)
+		if a >= b {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = c.EncodeRows(dst, w[a*cols:b*cols], rows, cols, r0+a, nil)
 		}()
 	}
 	wg.Wait()

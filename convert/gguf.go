@@ -181,8 +181,16 @@ func ggufTensor(f *gguf.File, ti gguf.TensorInfo, hf string, shape []int, permHe
 	name := ti.Name
 	qd, plain := ggufQD[ti.Type]
 	rows, cols, _ := quant.Matrix(shape)
+	var loadRows func(r0, r1 int, dst []float32) error
+	if permHeads == 0 && len(shape) >= 2 && rows > 0 && ti.Size%int64(rows) == 0 {
+		rb := ti.Size / int64(rows)
+		loadRows = func(r0, r1 int, dst []float32) error {
+			return gguf.Dequantize(ti.Type, f.Raw(name)[int64(r0)*rb:int64(r1)*rb], dst)
+		}
+	}
 	return srcTensor{
-		name: hf, shape: shape, inBytes: ti.Size,
+		loadRows: loadRows,
+		name:     hf, shape: shape, inBytes: ti.Size,
 		raw: func() ([]byte, quant.DType, bool) {
 			if !plain || permHeads > 0 {
 				return nil, 0, false
@@ -386,4 +394,3 @@ func ggufTokenizer(f *gguf.File, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, 
 	b, err := json.Marshal(&v)
 	return tc, b, err
 }
-

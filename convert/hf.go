@@ -192,7 +192,23 @@ func stTensor(st *safetensors.File, info safetensors.Info, cn string) srcTensor 
 			}
 			return decodeRaw(qd, st.Raw(name), dst)
 		},
-		release: func() { st.Release(name) },
+		loadRows: rowLoader(decodable, qd, info.Shape, func() []byte { return st.Raw(name) }),
+		release:  func() { st.Release(name) },
+	}
+}
+
+// rowLoader decodes rows [r0, r1) of a row-major f32/f16/bf16 tensor.
+func rowLoader(ok bool, qd quant.DType, shape []int, raw func() []byte) func(r0, r1 int, dst []float32) error {
+	if !ok || len(shape) < 2 {
+		return nil
+	}
+	_, cols, _ := quant.Matrix(shape)
+	es := 4
+	if qd != quant.F32 {
+		es = 2
+	}
+	return func(r0, r1 int, dst []float32) error {
+		return decodeRaw(qd, raw()[r0*cols*es:r1*cols*es], dst)
 	}
 }
 
@@ -218,8 +234,9 @@ func addFused(src map[string]srcTensor, st *safetensors.File, info safetensors.I
 	mk := func(name string, get func() []byte, rows int) {
 		src[name] = srcTensor{
 			name: name, shape: []int{rows, C}, inBytes: int64(rows*C) * es,
-			raw:  func() ([]byte, quant.DType, bool) { return get(), qd, true },
-			load: func(dst []float32) error { return decodeRaw(qd, get(), dst) },
+			raw:      func() ([]byte, quant.DType, bool) { return get(), qd, true },
+			load:     func(dst []float32) error { return decodeRaw(qd, get(), dst) },
+			loadRows: rowLoader(true, qd, []int{rows, C}, get),
 		}
 	}
 	for e := 0; e < E; e++ {

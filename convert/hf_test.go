@@ -308,3 +308,42 @@ func TestConvertHFErrors(t *testing.T) {
 	os.Remove(filepath.Join(d, "model.safetensors"))
 	run(d, "safetensors")
 }
+
+// TestChunkedEncodingMatchesWhole converts with tiny row chunks and checks
+// every quantized tensor equals a whole-tensor encode of the source.
+func TestChunkedEncodingMatchesWhole(t *testing.T) {
+	old := chunkFloats
+	chunkFloats = 100 // a couple of rows a chunk
+	defer func() { chunkFloats = old }()
+	dir := t.TempDir()
+	vals := writeHF(t, filepath.Join(dir, "hf"), tinyConfig("qwen3"), safetensors.F32, false, false)
+	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row, quant.BF16} {
+		out := filepath.Join(dir, d.String()+".cmf")
+		if _, err := FromHF(context.Background(), filepath.Join(dir, "hf"), out, Options{Quant: d, Threads: 2}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := cmf.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked := 0
+		for name, v := range vals {
+			tt, b, _ := m.TensorData(name)
+			if tt.DType == quant.F32 {
+				continue
+			}
+			want, err := quant.Encode(tt.DType, v, tt.Shape, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(want) != string(b) {
+				t.Fatalf("%s as %s: chunked bytes differ from a whole-tensor encode", name, tt.DType)
+			}
+			checked++
+		}
+		if checked < 10 {
+			t.Fatalf("only %d tensors checked", checked)
+		}
+		m.Close()
+	}
+}
