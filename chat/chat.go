@@ -292,6 +292,10 @@ func toValue(v any) (jinja.Value, error) {
 		return jinja.NewInt(int64(x)), nil
 	case int64:
 		return jinja.NewInt(x), nil
+	case float64: // through JSON, 1.0 would turn into the integer 1
+		return jinja.NewFloat(x), nil
+	case float32:
+		return jinja.NewFloat(float64(x)), nil
 	case json.RawMessage:
 		return jsonValue(x)
 	}

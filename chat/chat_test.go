@@ -176,6 +176,9 @@ func TestOptionsVariables(t *testing.T) {
 	if got != "True|True|False|False|<s>|</s>|7" {
 		t.Errorf("set: %q", got)
 	}
+	if got := render(t, `{{ [f, g] | tojson }}`, nil, Options{Vars: map[string]any{"f": 1.0, "g": float32(0.5)}}); got != "[1.0, 0.5]" {
+		t.Errorf("float vars: %q", got)
+	}
 	if got := render(t, `{{ enable_thinking }}`, nil, Options{EnableThinking: &yes}); got != "True" {
 		t.Errorf("enable_thinking true: %q", got)
 	}

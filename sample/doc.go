@@ -46,10 +46,9 @@
 // temperature → dist: it applies temperature last, so its top-p and min-p
 // see the untempered (T = 1) distribution. With T ≠ 1 the two choices keep
 // different sets: at T < 1 llama.cpp keeps more tokens than we do, at T > 1
-// fewer. We follow HF/vLLM because that is what the published sampling
-// settings of current models (Qwen, Llama, DeepSeek) are tuned with, and
-// because then "temperature, then truncate" means the same thing for every
-// truncation. We omit DRY, typical-p, XTC, top-n-σ and mirostat.
+// fewer. We follow HF/vLLM because the sampling defaults that models ship in
+// generation_config.json are read by those two, and because then
+// "temperature, then truncate" means the same thing for every truncation. We omit DRY, typical-p, XTC, top-n-σ and mirostat.
 //
 // Greedy: llama.cpp treats temperature <= 0 as "keep only the best token";
 // HF uses do_sample=False. Both match stage 2 (penalties still apply). We

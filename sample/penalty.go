@@ -58,8 +58,13 @@ func (h *history) reset() {
 	h.distinct = h.distinct[:0]
 }
 
+// maxTokenID bounds the ids the penalty window tracks (its counts are
+// indexed by id). Real vocabularies are far smaller; larger ids could never
+// match a logit anyway and are ignored rather than allocated for.
+const maxTokenID = 1 << 24
+
 func (h *history) add(t int32) {
-	if t < 0 {
+	if t < 0 || t >= maxTokenID {
 		return
 	}
 	if int(t) >= len(h.counts) {

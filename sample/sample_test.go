@@ -73,8 +73,12 @@ func TestSamplerPenaltyWindowMatchesPlain(t *testing.T) {
 		var all []int32
 		for step := range 300 {
 			tok := int32(rng.IntN(40))
-			if step%7 == 0 {
+			switch step % 7 {
+			case 0:
 				tok = int32(200 + rng.IntN(5)) // beyond the vocabulary: ignored
+			case 3:
+				s.Accept(-1) // never recorded
+				s.Accept(1 << 30)
 			}
 			s.Accept(tok)
 			all = append(all, tok)

@@ -135,6 +135,7 @@ func New(p Params) (*Sampler, error) {
 func (s *Sampler) Params() Params { return s.p }
 
 // Accept records a token (prompt or generated) in the penalty window.
+// Negative ids and ids of 1<<24 or more are ignored.
 func (s *Sampler) Accept(tok int32) { s.hist.add(tok) }
 
 // History returns the tokens in the penalty window, oldest first.
