@@ -356,3 +356,9 @@ func (m *bpeModel) mergeAll(syms []symbol, h candHeap) candHeap {
 	}
 	return h
 }
+
+func (c *wordCache) reset() {
+	c.mu.Lock()
+	c.m = nil
+	c.mu.Unlock()
+}

@@ -6,11 +6,16 @@ package tokenizer
 // byte order.
 var (
 	byteToRune [256]rune
-	runeToByte = map[rune]byte{}
+	// runeToByte maps a rune of the alphabet (all below 0x144) back to its
+	// byte, or -1.
+	runeToByte [0x144]int16
 )
 
 func init() {
 	n := rune(0)
+	for i := range runeToByte {
+		runeToByte[i] = -1
+	}
 	for b := 0; b < 256; b++ {
 		if (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF) {
 			byteToRune[b] = rune(b)
@@ -18,7 +23,7 @@ func init() {
 			byteToRune[b] = 256 + n
 			n++
 		}
-		runeToByte[byteToRune[b]] = byte(b)
+		runeToByte[byteToRune[b]] = int16(b)
 	}
 }
 
@@ -37,11 +42,10 @@ func byteLevelString(s string) string {
 func byteLevelBytes(dst []byte, tok string) []byte {
 	start := len(dst)
 	for _, r := range tok {
-		b, ok := runeToByte[r]
-		if !ok {
+		if r >= rune(len(runeToByte)) || runeToByte[r] < 0 {
 			return append(dst[:start], tok...)
 		}
-		dst = append(dst, b)
+		dst = append(dst, byte(runeToByte[r]))
 	}
 	return dst
 }

@@ -164,6 +164,19 @@ func (t *Tokenizer) Decode(ids []int) string {
 
 // DecodeWith turns ids back into text.
 func (t *Tokenizer) DecodeWith(ids []int, o DecodeOptions) string {
+	if t.decOff != nil {
+		buf := make([]byte, 0, len(ids)*4)
+		for _, id := range ids {
+			if id < 0 || id >= len(t.idToToken) || !t.hasID[id] || (o.SkipSpecial && t.isSpecial(id)) {
+				continue
+			}
+			buf = t.appendTokenBytes(buf, id)
+		}
+		if utf8.Valid(buf) {
+			return string(buf)
+		}
+		return string(appendLossy(nil, buf))
+	}
 	toks := make([]string, 0, len(ids))
 	for _, id := range ids {
 		if id < 0 || id >= len(t.idToToken) || !t.hasID[id] {
@@ -207,17 +220,22 @@ func NewDecoderWith(tok *Tokenizer, o DecodeOptions) *Decoder {
 // Push adds one id and returns the text that became complete.
 func (d *Decoder) Push(id int) string {
 	t := d.tok
-	if _, ok := t.dec.(byteLevelDec); ok {
+	if t.decOff != nil {
 		if id < 0 || id >= len(t.idToToken) || !t.hasID[id] || (d.opts.SkipSpecial && t.isSpecial(id)) {
 			return ""
 		}
-		d.pending = byteLevelBytes(d.pending, t.idToToken[id])
+		d.pending = t.appendTokenBytes(d.pending, id)
 		keep := incompleteSuffixLen(d.pending)
 		ready := d.pending[:len(d.pending)-keep]
 		if len(ready) == 0 {
 			return ""
 		}
-		out := string(appendLossy(nil, ready))
+		var out string
+		if utf8.Valid(ready) {
+			out = string(ready)
+		} else {
+			out = string(appendLossy(nil, ready))
+		}
 		d.pending = append(d.pending[:0], d.pending[len(ready):]...)
 		return out
 	}

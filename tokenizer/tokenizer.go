@@ -21,6 +21,15 @@ type Tokenizer struct {
 	dec   decoder // nil: tokens joined with spaces
 
 	ids SpecialIDs
+
+	// fused is set when the pre-tokenizer is exactly "split with this fast
+	// matcher, then ByteLevel without prefix space": Encode then walks the
+	// matches without materializing pieces.
+	fused *fastMatcher
+	// With a plain ByteLevel decoder, the bytes of every token, precomputed:
+	// token id's bytes are decBytes[decOff[id]:decOff[id+1]].
+	decBytes []byte
+	decOff   []uint32
 }
 
 // SpecialIDs are the ids of the well-known special tokens, -1 when absent.
@@ -133,6 +142,21 @@ func (t *Tokenizer) EncodeChecked(text string, addSpecial, parseSpecial bool) ([
 		}
 		pieces = out
 	}
+	if t.fused != nil {
+		ids := make([]int, 0, len(text)/3+4)
+		for _, p := range pieces {
+			if p.id >= 0 {
+				ids = append(ids, p.id)
+				continue
+			}
+			for i := 0; i < len(p.text); {
+				j := t.fused.next(p.text, i)
+				ids = t.model.tokenize(piece{text: p.text[i:j], id: -1, byteLevel: true}, ids)
+				i = j
+			}
+		}
+		return t.postProcess(ids, addSpecial), nil
+	}
 	if t.pre != nil {
 		var err error
 		if pieces, err = t.pre.preTokenize(pieces); err != nil {
@@ -150,6 +174,10 @@ func (t *Tokenizer) EncodeChecked(text string, addSpecial, parseSpecial bool) ([
 		}
 		ids = t.model.tokenize(p, ids)
 	}
+	return t.postProcess(ids, addSpecial), nil
+}
+
+func (t *Tokenizer) postProcess(ids []int, addSpecial bool) []int {
 	if addSpecial && len(t.post) > 0 {
 		out := make([]int, 0, len(ids)+4)
 		for _, it := range t.post {
@@ -161,7 +189,7 @@ func (t *Tokenizer) EncodeChecked(text string, addSpecial, parseSpecial bool) ([
 		}
 		ids = out
 	}
-	return ids, nil
+	return ids
 }
 
 // finish fills the id tables and the special ids once vocab, added tokens
@@ -216,6 +244,7 @@ func (t *Tokenizer) finish(vocab map[string]int, added []AddedToken, cfg Config)
 	if t.ids.BOS < 0 && len(t.post) > 0 && !t.post[0].seq && len(t.post[0].ids) == 1 {
 		t.ids.BOS = t.post[0].ids[0]
 	}
+	t.setupFastPaths()
 	if cfg.AddBOS != nil || cfg.AddEOS != nil {
 		var post []templateItem
 		if cfg.AddBOS != nil && *cfg.AddBOS {
@@ -234,4 +263,40 @@ func (t *Tokenizer) finish(vocab map[string]int, added []AddedToken, cfg Config)
 		t.post = post
 	}
 	return nil
+}
+
+// setupFastPaths recognizes the common pipeline shapes.
+func (t *Tokenizer) setupFastPaths() {
+	switch p := t.pre.(type) {
+	case sequencePre:
+		if len(p) == 2 {
+			sp, ok1 := p[0].(*splitPre)
+			bl, ok2 := p[1].(*byteLevelPre)
+			if ok1 && ok2 && !sp.invert && sp.behavior == splitIsolated && !bl.addPrefixSpace && bl.split == nil {
+				if fm, ok := sp.m.(*fastMatcher); ok {
+					t.fused = fm
+				}
+			}
+		}
+	case *byteLevelPre:
+		if !p.addPrefixSpace && p.split != nil && !p.split.invert && p.split.behavior == splitIsolated {
+			if fm, ok := p.split.m.(*fastMatcher); ok {
+				t.fused = fm
+			}
+		}
+	}
+	if _, ok := t.dec.(byteLevelDec); ok {
+		t.decOff = make([]uint32, len(t.idToToken)+1)
+		var buf []byte
+		for id, s := range t.idToToken {
+			buf = byteLevelBytes(buf, s)
+			t.decOff[id+1] = uint32(len(buf))
+		}
+		t.decBytes = buf
+	}
+}
+
+// appendTokenBytes appends the bytes of id under a ByteLevel decoder.
+func (t *Tokenizer) appendTokenBytes(dst []byte, id int) []byte {
+	return append(dst, t.decBytes[t.decOff[id]:t.decOff[id+1]]...)
 }
