@@ -11,7 +11,7 @@ import (
 func TestLossyUTF8(t *testing.T) {
 	cases := []struct{ in, want string }{
 		{"abc", "abc"},
-		{"\xF0\x9F\x98A", "\uFFFDA"},          // truncated 4-byte sequence: one U+FFFD
+		{"\xF0\x9F\x98A", "\uFFFDA"},           // truncated 4-byte sequence: one U+FFFD
 		{"\xED\xA0\x80", "\uFFFD\uFFFD\uFFFD"}, // surrogate: ED then two stray bytes
 		{"\xC0\x80", "\uFFFD\uFFFD"},           // overlong lead
 		{"\xE2\x82", "\uFFFD"},                 // truncated at the end

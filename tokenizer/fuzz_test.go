@@ -15,6 +15,11 @@ func FuzzEncodeDecodeRoundTrip(f *testing.F) {
 	tok := loadQwen3(f)
 	f.Fuzz(func(t *testing.T, s string) {
 		if !utf8.ValidString(s) {
+			// Invalid bytes are encoded as bytes and come back as U+FFFD:
+			// the output must at least be valid UTF-8.
+			if d := tok.Decode(tok.Encode(s, true, true)); !utf8.ValidString(d) {
+				t.Fatalf("Decode(Encode(%+q)) = %+q is not valid UTF-8", s, d)
+			}
 			return
 		}
 		want := nfc(s)

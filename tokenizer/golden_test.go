@@ -21,11 +21,6 @@ type goldenFile struct {
 	Cases  []goldenCase `json:"cases"`
 }
 
-// jsKnownWrong lists strings on which the transformers.js port disagrees
-// with HF tokenizers' semantics (see README in testdata and the report in
-// golden_test.go); the Go tokenizer follows HF there.
-var jsKnownWrong = map[string]string{}
-
 // loadGolden returns the HF golden file when it is present in testdata, and
 // the JS one otherwise.
 func loadGolden(t *testing.T) (goldenFile, bool) {
@@ -64,7 +59,7 @@ func loadGolden(t *testing.T) (goldenFile, bool) {
 
 func TestGoldenQwen3(t *testing.T) {
 	tok := loadQwen3(t)
-	g, hf := loadGolden(t)
+	g, _ := loadGolden(t)
 	bad := 0
 	report := func(format string, args ...any) {
 		bad++
@@ -73,12 +68,6 @@ func TestGoldenQwen3(t *testing.T) {
 		}
 	}
 	for _, c := range g.Cases {
-		if !hf {
-			if why, ok := jsKnownWrong[c.Text]; ok {
-				t.Logf("skipping %+q: JS reference known wrong: %s", c.Text, why)
-				continue
-			}
-		}
 		got := tok.Encode(c.Text, false, true)
 		if fmt.Sprint(got) != fmt.Sprint(c.IDs) {
 			report("encode(%+q, parseSpecial):\n go   %v\n want %v", c.Text, got, c.IDs)
