@@ -35,10 +35,7 @@ func TestExtraModels(t *testing.T) {
 				t.Fatal(err)
 			}
 			var g struct {
-				Cases []struct {
-					goldenCase
-					IDsAddSpecial []int `json:"ids_addspecial"`
-				} `json:"cases"`
+				Cases []goldenCase `json:"cases"`
 			}
 			if err := json.Unmarshal(gb, &g); err != nil {
 				t.Fatal(err)

@@ -9,11 +9,12 @@ import (
 )
 
 type goldenCase struct {
-	Text         string  `json:"text"`
-	IDs          []int   `json:"ids"`
-	IDsNoSpecial []int   `json:"ids_nospecial"`
-	Decoded      string  `json:"decoded"`
-	DecodedSkip  *string `json:"decoded_skip"`
+	Text          string  `json:"text"`
+	IDsAddSpecial []int   `json:"ids_addspecial"` // HF file only
+	IDs           []int   `json:"ids"`
+	IDsNoSpecial  []int   `json:"ids_nospecial"`
+	Decoded       string  `json:"decoded"`
+	DecodedSkip   *string `json:"decoded_skip"`
 }
 
 type goldenFile struct {
@@ -71,6 +72,12 @@ func TestGoldenQwen3(t *testing.T) {
 		got := tok.Encode(c.Text, false, true)
 		if fmt.Sprint(got) != fmt.Sprint(c.IDs) {
 			report("encode(%+q, parseSpecial):\n go   %v\n want %v", c.Text, got, c.IDs)
+		}
+		if c.IDsAddSpecial != nil {
+			got := tok.Encode(c.Text, true, true)
+			if fmt.Sprint(got) != fmt.Sprint(c.IDsAddSpecial) {
+				report("encode(%+q, addSpecial, parseSpecial):\n go   %v\n want %v", c.Text, got, c.IDsAddSpecial)
+			}
 		}
 		if c.IDsNoSpecial != nil {
 			got := tok.Encode(c.Text, false, false)
