@@ -251,7 +251,7 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 	switch name {
 	case "qwen3_moe", "qwen3_next", "qwen3_5_moe":
 		m := &cmf.MoE{}
-		m.NumExperts = c.intOr("num_experts", 0, &err)
+		m.NumExperts = c.intOr("num_experts", c.intOr("num_local_experts", 0, &err), &err) // transformers 5 saves num_local_experts
 		m.NumExpertsPerTok = c.intOr("num_experts_per_tok", 0, &err)
 		m.MoEIntermediateSize = c.intOr("moe_intermediate_size", 0, &err)
 		m.SharedExpertIntermediateSize = c.intOr("shared_expert_intermediate_size", 0, &err)

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cortiq/cortiq/chat"
+	"github.com/cortiq/cortiq/engine"
+)
+
+func init() { commands = append(commands, newChat) }
+
+func newChat() *cobra.Command {
+	var mf modelFlags
+	var sf sampleFlags
+	var system string
+	var noThink bool
+	c := &cobra.Command{
+		Use:   "chat MODEL",
+		Short: "Interactive multi-turn chat (keeps the KV cache between turns)",
+		Long: `Chat with a model: one line of input is one user turn. Commands: /reset clears the conversation,
+/system TEXT sets the system prompt, /exit quits. The conversation is re-rendered with the model's
+chat template every turn; the KV cache keeps the longest common prefix, so only new tokens are processed.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			e, err := mf.open(args[0])
+			if err != nil {
+				return err
+			}
+			defer e.Close()
+			if !e.HasTemplate() {
+				return fmt.Errorf("chat: %s has no chat template; use cortiq run --raw", args[0])
+			}
+			s, err := e.NewSession(mf.ctxLen(e))
+			if err != nil {
+				return err
+			}
+			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			fmt.Fprintf(errOut, "cortiq chat: %s (%s), context %d tokens, KV cache %.1f MiB. /exit to quit.\n",
+				args[0], e.File.Header.Arch.ArchName, s.Cache().Cap(), float64(s.Cache().Bytes())/(1<<20))
+			var msgs []chat.Message
+			reset := func() {
+				msgs = msgs[:0]
+				if system != "" {
+					msgs = append(msgs, chat.Message{Role: "system", Content: system})
+				}
+			}
+			reset()
+			in := bufio.NewScanner(cmd.InOrStdin())
+			in.Buffer(make([]byte, 1<<20), 1<<24)
+			for {
+				fmt.Fprint(errOut, "> ")
+				if !in.Scan() {
+					fmt.Fprintln(errOut)
+					return in.Err()
+				}
+				line := strings.TrimSpace(in.Text())
+				switch {
+				case line == "":
+					continue
+				case line == "/exit" || line == "/quit":
+					return nil
+				case line == "/reset":
+					reset()
+					s.Reset()
+					continue
+				case strings.HasPrefix(line, "/system "):
+					system = strings.TrimSpace(strings.TrimPrefix(line, "/system "))
+					reset()
+					continue
+				}
+				msgs = append(msgs, chat.Message{Role: "user", Content: line})
+				opt := chat.Options{AddGenerationPrompt: true}
+				if noThink {
+					f := false
+					opt.EnableThinking = &f
+				}
+				text, err := e.RenderChat(msgs, opt)
+				if err != nil {
+					return err
+				}
+				prompt, err := e.Encode(text, true)
+				if err != nil {
+					return err
+				}
+				res, err := s.Generate(cmd.Context(), prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
+					OnText: func(t string) error { _, err := fmt.Fprint(out, t); return err }})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out)
+				fmt.Fprintf(errOut, "[%d prompt tokens, %d reused from cache; prefill %.1f tok/s, decode %.2f tok/s; %s]\n",
+					res.PromptTokens, res.CachedTokens, res.PrefillRate(), res.DecodeRate(), res.Reason)
+				msgs = append(msgs, chat.Message{Role: "assistant", Content: res.Text})
+			}
+		},
+	}
+	mf.add(c)
+	sf.add(c, 0.7)
+	c.Flags().StringVar(&system, "system", "", "system prompt")
+	c.Flags().BoolVar(&noThink, "no-think", false, "enable_thinking=false for templates that support it (Qwen3)")
+	return c
+}

@@ -1,0 +1,295 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cortiq/cortiq/chat"
+	"github.com/cortiq/cortiq/cmf"
+	"github.com/cortiq/cortiq/model"
+	"github.com/cortiq/cortiq/sample"
+	"github.com/cortiq/cortiq/tokenizer"
+)
+
+// Options tune Open.
+type Options struct {
+	Threads int // CPU workers (0: all cores)
+	Batch   int // prefill positions per step (0: model default)
+}
+
+// Engine is an open model with its tokenizer and chat template.
+type Engine struct {
+	File  *cmf.Model
+	Model *model.Model
+	Tok   *tokenizer.Tokenizer // nil when the file carries no tokenizer
+	EOS   []int32
+	tmpl  *chat.Template
+}
+
+// Open maps a CMF file and builds the runnable model and tokenizer.
+func Open(path string, opt Options) (*Engine, error) {
+	f, err := cmf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	m, err := model.Load(f, model.LoadOptions{Threads: opt.Threads, Batch: opt.Batch})
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	e := &Engine{File: f, Model: m}
+	if tc := f.Header.TokenizerConfig; tc != nil {
+		if e.Tok, err = LoadTokenizer(f); err != nil {
+			e.Close()
+			return nil, err
+		}
+		for _, id := range tc.EOSTokenIDs {
+			e.EOS = append(e.EOS, int32(id))
+		}
+		if tc.ChatTemplate != "" {
+			if e.tmpl, err = chat.Compile(tc.ChatTemplate); err != nil {
+				slog.Warn("the model's chat template does not compile; prompts are used raw", "err", err)
+			}
+		}
+	}
+	if len(e.EOS) == 0 {
+		for _, id := range f.Header.Arch.EOSTokenIDs {
+			e.EOS = append(e.EOS, int32(id))
+		}
+	}
+	return e, nil
+}
+
+// Close releases the model and its mapping.
+func (e *Engine) Close() {
+	if e.Model != nil {
+		e.Model.Close()
+	}
+	if e.File != nil {
+		e.File.Close()
+	}
+}
+
+// HasTemplate reports whether the model carries a usable chat template.
+func (e *Engine) HasTemplate() bool { return e.tmpl != nil }
+
+// RenderChat renders messages with the model's chat template.
+func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
+	if e.tmpl == nil {
+		return "", errors.New("engine: the model has no chat template")
+	}
+	if tc := e.File.Header.TokenizerConfig; tc != nil {
+		if opt.BOSToken == "" {
+			opt.BOSToken = tc.BOSToken
+		}
+		if opt.EOSToken == "" {
+			opt.EOSToken = tc.EOSToken
+		}
+	}
+	return e.tmpl.Render(msgs, opt)
+}
+
+// Encode tokenizes text; special tokens written in the text are parsed
+// (chat templates emit them), and BOS is added as the tokenizer says unless
+// the text already starts with it.
+func (e *Engine) Encode(text string, parseSpecial bool) ([]int, error) {
+	if e.Tok == nil {
+		return nil, errors.New("engine: the model carries no tokenizer; pass token ids")
+	}
+	ids, err := e.Tok.EncodeChecked(text, true, parseSpecial)
+	if err != nil {
+		return nil, err
+	}
+	// Templates that write BOS themselves must not get a second one.
+	if bos := e.Tok.SpecialIDs().BOS; bos >= 0 && len(ids) > 1 && ids[0] == bos && ids[1] == bos {
+		ids = ids[1:]
+	}
+	return ids, nil
+}
+
+// Session is one conversation: a KV cache and the tokens in it.
+type Session struct {
+	e     *Engine
+	cache *model.Cache
+	ids   []int
+}
+
+// NewSession allocates a cache for ctxLen tokens.
+func (e *Engine) NewSession(ctxLen int) (*Session, error) {
+	c, err := e.Model.NewCache(ctxLen)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{e: e, cache: c}, nil
+}
+
+// Cache exposes the session's cache (size reporting).
+func (s *Session) Cache() *model.Cache { return s.cache }
+
+// Tokens returns the tokens currently in the cache.
+func (s *Session) Tokens() []int { return s.ids }
+
+// Reset empties the session.
+func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }
+
+// GenOptions tune Generate.
+type GenOptions struct {
+	MaxTokens int // 0: until a stop or the context is full
+	Sample    sample.Params
+	Stop      []string
+	IgnoreEOS bool
+	// OnText receives text as it becomes final (stop strings held back,
+	// UTF-8 whole). Returning an error stops generation with it.
+	OnText func(string) error
+	// OnToken receives each sampled token (after the stop checks).
+	OnToken func(sample.Result) error
+}
+
+// GenResult reports a generation.
+type GenResult struct {
+	IDs          []int // generated ids (the stopping EOS included)
+	Text         string
+	Reason       string // eos, stop, length, context
+	PromptTokens int
+	CachedTokens int // prompt tokens found in the cache already
+	PrefillTime  time.Duration
+	DecodeTime   time.Duration
+	Decoded      int // tokens produced by decode steps
+}
+
+// PrefillRate is prompt tokens processed per second.
+func (r *GenResult) PrefillRate() float64 {
+	return float64(r.PromptTokens-r.CachedTokens) / max(r.PrefillTime.Seconds(), 1e-9)
+}
+
+// DecodeRate is generated tokens per second of decoding.
+func (r *GenResult) DecodeRate() float64 {
+	return float64(r.Decoded) / max(r.DecodeTime.Seconds(), 1e-9)
+}
+
+// Prefill makes the cache hold exactly prompt and returns the logits of
+// its last position, reusing the longest common prefix already cached.
+func (s *Session) Prefill(prompt []int) ([]float32, int, error) {
+	if len(prompt) == 0 {
+		return nil, 0, errors.New("engine: empty prompt")
+	}
+	if len(prompt) > s.cache.Cap() {
+		return nil, 0, fmt.Errorf("engine: prompt of %d tokens does not fit the %d-token context (raise --ctx)", len(prompt), s.cache.Cap())
+	}
+	keep := 0
+	for keep < len(s.ids) && keep < len(prompt)-1 && s.ids[keep] == prompt[keep] {
+		keep++
+	}
+	if err := s.cache.Truncate(keep); err != nil {
+		return nil, 0, err
+	}
+	s.ids = append(s.ids[:keep], prompt[keep:]...)
+	logits, err := s.e.Model.Forward(s.cache, prompt[keep:], keep, model.LastLogits)
+	if err != nil {
+		s.ids = s.ids[:s.cache.Len()]
+		return nil, keep, err
+	}
+	return logits, keep, nil
+}
+
+// Generate prefills prompt (reusing the cached prefix) and samples until a
+// stop condition.
+func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*GenResult, error) {
+	res := &GenResult{PromptTokens: len(prompt)}
+	t0 := time.Now()
+	logits, keep, err := s.Prefill(prompt)
+	if err != nil {
+		return nil, err
+	}
+	res.CachedTokens = keep
+	res.PrefillTime = time.Since(t0)
+	sm, err := sample.New(opt.Sample)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range prompt {
+		sm.Accept(int32(id))
+	}
+	eos := s.e.EOS
+	if opt.IgnoreEOS {
+		eos = nil
+	}
+	stop := sample.NewStopChecker(eos, opt.Stop)
+	var dec *tokenizer.Decoder
+	if s.e.Tok != nil {
+		dec = tokenizer.NewDecoder(s.e.Tok)
+	}
+	var text []byte
+	emit := func(t string) error {
+		if t == "" {
+			return nil
+		}
+		text = append(text, t...)
+		if opt.OnText != nil {
+			return opt.OnText(t)
+		}
+		return nil
+	}
+	t1 := time.Now()
+	defer func() { res.DecodeTime = time.Since(t1); res.Text = string(text) }()
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		r, err := sm.Sample(logits)
+		if err != nil {
+			return res, fmt.Errorf("engine: sampling at position %d: %w", s.cache.Len(), err)
+		}
+		sm.Accept(r.Token)
+		tok := int(r.Token)
+		res.IDs = append(res.IDs, tok)
+		piece := ""
+		if dec != nil {
+			piece = dec.Push(tok)
+		}
+		out, why := stop.Push(r.Token, piece)
+		if err := emit(out); err != nil {
+			return res, err
+		}
+		if opt.OnToken != nil {
+			if err := opt.OnToken(r); err != nil {
+				return res, err
+			}
+		}
+		switch why {
+		case sample.StoppedEOS:
+			res.Reason = "eos"
+			return res, nil
+		case sample.StoppedString:
+			res.Reason = "stop"
+			return res, nil
+		}
+		if opt.MaxTokens > 0 && len(res.IDs) >= opt.MaxTokens {
+			res.Reason = "length"
+			break
+		}
+		if s.cache.Len() >= s.cache.Cap() {
+			res.Reason = "context"
+			slog.Warn("generation stopped: the context is full", "ctx", s.cache.Cap())
+			break
+		}
+		pos := s.cache.Len()
+		logits, err = s.e.Model.Forward(s.cache, []int{tok}, pos, model.LastLogits)
+		if err != nil {
+			return res, err
+		}
+		s.ids = append(s.ids, tok)
+		res.Decoded++
+	}
+	if dec != nil {
+		if err := emit(stop.Flush() + dec.Flush()); err != nil {
+			return res, err
+		}
+	} else if err := emit(stop.Flush()); err != nil {
+		return res, err
+	}
+	return res, nil
+}
