@@ -108,3 +108,10 @@ func TestInspectAndVerify(t *testing.T) {
 		t.Fatal("inspect of a missing file succeeded")
 	}
 }
+
+func writeFile(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
