@@ -347,3 +347,27 @@ func TestChunkedEncodingMatchesWhole(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestConvertInterrupted cancels a conversion part way (as Ctrl-C does) and
+// checks that no output file, final or temporary, is left behind.
+func TestConvertInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	writeHF(t, filepath.Join(dir, "hf"), tinyConfig("llama"), safetensors.F32, false, false)
+	outDir := filepath.Join(dir, "out")
+	os.MkdirAll(outDir, 0o755)
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := 0
+	opt := Options{Quant: quant.Q8Row, Progress: func(done, total int64) {
+		calls++
+		if calls == 3 {
+			cancel()
+		}
+	}}
+	_, err := FromHF(ctx, filepath.Join(dir, "hf"), filepath.Join(outDir, "m.cmf"), opt)
+	if err == nil || !strings.Contains(err.Error(), "interrupted") {
+		t.Fatalf("cancelled conversion returned %v", err)
+	}
+	if ents, _ := os.ReadDir(outDir); len(ents) != 0 {
+		t.Fatalf("cancelled conversion left %v", ents)
+	}
+}
