@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/cortiq/cortiq/engine"
+	"github.com/cortiq/cortiq/model"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Config selects the tests of a run.
+type Config struct {
+	Prompt  int // pp test length (0: none)
+	Gen     int // tg test length (0: none)
+	Reps    int
+	Threads int
+}
+
+// Result is one test of one model.
+type Result struct {
+	Model        string    `json:"model"`
+	Arch         string    `json:"arch"`
+	Quant        string    `json:"quant"`
+	SizeBytes    int64     `json:"size_bytes"`
+	Params       int64     `json:"params"`
+	Threads      int       `json:"threads"`
+	Test         string    `json:"test"` // pp512, tg128
+	TokPerSec    float64   `json:"tok_per_sec"`
+	TokPerSecSD  float64   `json:"tok_per_sec_sd"`
+	Samples      []float64 `json:"samples"`
+	BytesPerTok  int64     `json:"weight_bytes_per_token,omitempty"` // tg only
+	GBPerSec     float64   `json:"gb_per_sec,omitempty"`
+	BandwidthPct float64   `json:"bandwidth_pct,omitempty"`
+}
+
+// Report is a whole run.
+type Report struct {
+	ReadBandwidth float64  `json:"read_bandwidth_bytes_per_sec"`
+	Threads       int      `json:"threads"`
+	Results       []Result `json:"results"`
+}
+
+// DecodeBytes returns the weight bytes one decode step reads: every
+// matrix once, except the embedding, of which one row is read (unless it
+// doubles as the output head). MoE layers are counted with the active
+// experts only.
+func DecodeBytes(e *engine.Engine) int64 {
+	a := &e.File.Header.Arch
+	var n int64
+	for _, t := range e.File.Tensors {
+		if t.DType == quant.U8 || t.DType == quant.I32 || strings.HasPrefix(t.Name, "mtp.") {
+			continue
+		}
+		if t.Name == "model.embed_tokens.weight" && !a.TieWordEmbeddings {
+			n += t.Size / int64(max(t.Shape[0], 1))
+			continue
+		}
+		if a.MoE != nil && strings.Contains(t.Name, ".mlp.experts.") {
+			n += t.Size * int64(a.MoE.NumExpertsPerTok) / int64(a.MoE.NumExperts)
+			continue
+		}
+		n += t.Size
+	}
+	return n
+}
+
+func meanSD(v []float64) (float64, float64) {
+	var s, s2 float64
+	for _, x := range v {
+		s += x
+	}
+	m := s / float64(len(v))
+	for _, x := range v {
+		s2 += (x - m) * (x - m)
+	}
+	if len(v) < 2 {
+		return m, 0
+	}
+	return m, math.Sqrt(s2 / float64(len(v)-1))
+}
+
+// Run measures one model. bw is the read bandwidth measured in the same run
+// (0: not measured).
+func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw float64) ([]Result, error) {
+	reps := max(cfg.Reps, 1)
+	base := Result{Model: path, Arch: e.File.Header.Arch.ArchName, Quant: e.File.Header.QuantType, Threads: cfg.Threads}
+	for _, t := range e.File.Tensors {
+		base.SizeBytes += t.Size
+		if t.DType != quant.U8 && t.DType != quant.I32 {
+			r, c, _ := quant.Matrix(t.Shape)
+			base.Params += int64(r) * int64(c)
+		}
+	}
+	V := e.File.Header.Arch.VocabSize
+	tokens := func(n int) []int {
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = (i*7919 + 13) % V
+		}
+		return ids
+	}
+	ctxLen := max(cfg.Prompt, cfg.Gen+1, 16)
+	s, err := e.NewSession(ctxLen)
+	if err != nil {
+		return nil, err
+	}
+	var out []Result
+	if cfg.Prompt > 0 {
+		r := base
+		r.Test = fmt.Sprintf("pp%d", cfg.Prompt)
+		p := tokens(cfg.Prompt)
+		for i := 0; i <= reps; i++ { // the first pass warms up and is not counted
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			s.Reset()
+			t0 := time.Now()
+			if _, err := e.Model.Forward(s.Cache(), p, 0, model.NoLogits); err != nil {
+				return nil, err
+			}
+			if i > 0 {
+				r.Samples = append(r.Samples, float64(cfg.Prompt)/time.Since(t0).Seconds())
+			}
+		}
+		r.TokPerSec, r.TokPerSecSD = meanSD(r.Samples)
+		out = append(out, r)
+	}
+	if cfg.Gen > 0 {
+		r := base
+		r.Test = fmt.Sprintf("tg%d", cfg.Gen)
+		ids := tokens(cfg.Gen + 1)
+		for i := 0; i <= reps; i++ {
+			s.Reset()
+			if _, err := e.Model.Forward(s.Cache(), ids[:1], 0, model.LastLogits); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			for k := 1; k <= cfg.Gen; k++ {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				if _, err := e.Model.Forward(s.Cache(), ids[k:k+1], k, model.LastLogits); err != nil {
+					return nil, err
+				}
+			}
+			if i > 0 {
+				r.Samples = append(r.Samples, float64(cfg.Gen)/time.Since(t0).Seconds())
+			}
+		}
+		r.TokPerSec, r.TokPerSecSD = meanSD(r.Samples)
+		r.BytesPerTok = DecodeBytes(e)
+		r.GBPerSec = float64(r.BytesPerTok) * r.TokPerSec / 1e9
+		if bw > 0 {
+			r.BandwidthPct = 100 * r.GBPerSec * 1e9 / bw
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Markdown writes the report as a llama-bench-like table.
+func (r *Report) Markdown(w io.Writer) {
+	fmt.Fprintf(w, "| model | arch | quant | size | params | threads | test | t/s | GB/s | %% of read bw |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n")
+	for _, x := range r.Results {
+		gb, pct := "", ""
+		if x.GBPerSec > 0 {
+			gb = fmt.Sprintf("%.1f", x.GBPerSec)
+		}
+		if x.BandwidthPct > 0 {
+			pct = fmt.Sprintf("%.0f%%", x.BandwidthPct)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %.2f GB | %.2f B | %d | %s | %.2f ± %.2f | %s | %s |\n",
+			x.Model, x.Arch, x.Quant, float64(x.SizeBytes)/1e9, float64(x.Params)/1e9, x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, pct)
+	}
+	if r.ReadBandwidth > 0 {
+		fmt.Fprintf(w, "\nmeasured read bandwidth: %.1f GB/s with %d threads (same run)\n", r.ReadBandwidth/1e9, r.Threads)
+	}
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"encoding/json"
+	"runtime"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cortiq/cortiq/bench"
+	"github.com/cortiq/cortiq/engine"
+)
+
+func init() { commands = append(commands, newBench) }
+
+func newBench() *cobra.Command {
+	var p, n, r, threads int
+	var asJSON, md, noProbe bool
+	var probeMB int
+	c := &cobra.Command{
+		Use:   "bench MODEL [MODEL...]",
+		Short: "llama-bench-like speed table (pp, tg tok/s ± sd) with the machine's read bandwidth measured in the same run",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if threads <= 0 {
+				threads = runtime.GOMAXPROCS(0)
+			}
+			rep := &bench.Report{Threads: threads}
+			if !noProbe {
+				rep.ReadBandwidth = bench.ReadBandwidth(int64(probeMB)<<20, threads, 5)
+			}
+			for _, path := range args {
+				e, err := engine.Open(path, engine.Options{Threads: threads})
+				if err != nil {
+					return err
+				}
+				res, err := bench.Run(cmd.Context(), path, e, bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads}, rep.ReadBandwidth)
+				e.Close()
+				if err != nil {
+					return err
+				}
+				rep.Results = append(rep.Results, res...)
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			rep.Markdown(out) // --md is the default text format
+			_ = md
+			return nil
+		},
+	}
+	c.Flags().IntVarP(&p, "p", "p", 512, "prompt tokens of the pp test (0: skip)")
+	c.Flags().IntVarP(&n, "n", "n", 128, "generated tokens of the tg test (0: skip)")
+	c.Flags().IntVarP(&r, "r", "r", 3, "repetitions")
+	c.Flags().IntVarP(&threads, "threads", "t", 0, "threads (0: all cores)")
+	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
+	c.Flags().BoolVar(&md, "md", true, "Markdown table output (default)")
+	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
+	c.Flags().IntVar(&probeMB, "probe-mb", 1024, "bandwidth probe buffer size in MiB")
+	return c
+}
