@@ -39,46 +39,46 @@ func kernelFor(d quant.DType) *dtypeKernel {
 	return &kernelTable[d]
 }
 
-// Dot returns Σ a[i]·b[i] over len(a) (b must be at least as long).
+// Dot returns Σ a[i]·b[i] over len(a) (b must be at least as long). Four
+// accumulators each taking two products per step measured fastest in
+// plain Go (no FMA, no SIMD); the same shape is used by every row kernel.
 func Dot(a, b []float32) float32 {
 	b = b[:len(a)]
-	var s0, s1, s2, s3, s4, s5, s6, s7 float32
+	var s0, s1, s2, s3 float32
 	i := 0
 	for ; i+8 <= len(a); i += 8 {
 		aa, bb := a[i:i+8:i+8], b[i:i+8:i+8]
-		s0 += aa[0] * bb[0]
-		s1 += aa[1] * bb[1]
-		s2 += aa[2] * bb[2]
-		s3 += aa[3] * bb[3]
-		s4 += aa[4] * bb[4]
-		s5 += aa[5] * bb[5]
-		s6 += aa[6] * bb[6]
-		s7 += aa[7] * bb[7]
+		s0 += aa[0]*bb[0] + aa[4]*bb[4]
+		s1 += aa[1]*bb[1] + aa[5]*bb[5]
+		s2 += aa[2]*bb[2] + aa[6]*bb[6]
+		s3 += aa[3]*bb[3] + aa[7]*bb[7]
 	}
 	for ; i < len(a); i++ {
 		s0 += a[i] * b[i]
 	}
-	return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+	return (s0 + s1) + (s2 + s3)
 }
 
-// dot4 returns the dots of four equal-length rows with x, loading x once.
+// dot4 returns the dots of four equal-length rows with x, loading x once
+// (the MatMul inner kernel over decoded rows).
 func dot4(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32) {
 	n := len(x)
 	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
 	var a0, a1, b0, b1, c0, c1, d0, d1 float32
 	i := 0
-	for ; i+2 <= n; i += 2 {
-		x0, x1 := x[i], x[i+1]
-		a0 += w0[i] * x0
-		a1 += w0[i+1] * x1
-		b0 += w1[i] * x0
-		b1 += w1[i+1] * x1
-		c0 += w2[i] * x0
-		c1 += w2[i+1] * x1
-		d0 += w3[i] * x0
-		d1 += w3[i+1] * x1
+	for ; i+4 <= n; i += 4 {
+		xx := x[i : i+4 : i+4]
+		p, q, r, s := w0[i:i+4:i+4], w1[i:i+4:i+4], w2[i:i+4:i+4], w3[i:i+4:i+4]
+		a0 += p[0]*xx[0] + p[2]*xx[2]
+		a1 += p[1]*xx[1] + p[3]*xx[3]
+		b0 += q[0]*xx[0] + q[2]*xx[2]
+		b1 += q[1]*xx[1] + q[3]*xx[3]
+		c0 += r[0]*xx[0] + r[2]*xx[2]
+		c1 += r[1]*xx[1] + r[3]*xx[3]
+		d0 += s[0]*xx[0] + s[2]*xx[2]
+		d1 += s[1]*xx[1] + s[3]*xx[3]
 	}
-	if i < n {
+	for ; i < n; i++ {
 		x0 := x[i]
 		a0 += w0[i] * x0
 		b0 += w1[i] * x0
@@ -209,23 +209,19 @@ func dotQ8(m *Mat, r int, x []float32) float32 {
 	q := m.Data[r*c : (r+1)*c]
 	x = x[:c]
 	t := &i8f
-	var s0, s1, s2, s3, s4, s5, s6, s7 float32
+	var s0, s1, s2, s3 float32
 	i := 0
 	for ; i+8 <= c; i += 8 {
 		qq, xx := q[i:i+8:i+8], x[i:i+8:i+8]
-		s0 += t[qq[0]] * xx[0]
-		s1 += t[qq[1]] * xx[1]
-		s2 += t[qq[2]] * xx[2]
-		s3 += t[qq[3]] * xx[3]
-		s4 += t[qq[4]] * xx[4]
-		s5 += t[qq[5]] * xx[5]
-		s6 += t[qq[6]] * xx[6]
-		s7 += t[qq[7]] * xx[7]
+		s0 += t[qq[0]]*xx[0] + t[qq[4]]*xx[4]
+		s1 += t[qq[1]]*xx[1] + t[qq[5]]*xx[5]
+		s2 += t[qq[2]]*xx[2] + t[qq[6]]*xx[6]
+		s3 += t[qq[3]]*xx[3] + t[qq[7]]*xx[7]
 	}
 	for ; i < c; i++ {
 		s0 += t[q[i]] * x[i]
 	}
-	return (((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) * m.scale[r]
+	return ((s0 + s1) + (s2 + s3)) * m.scale[r]
 }
 
 func dot4Q8(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
@@ -328,7 +324,49 @@ func dotQ4TP(m *Mat, r int, x []float32) float32 {
 }
 
 func dot4Q4TP(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
-	return dotQ4TP(m, r, x), dotQ4TP(m, r+1, x), dotQ4TP(m, r+2, x), dotQ4TP(m, r+3, x)
+	gpr := m.Cols / quant.GroupSize
+	nb := gpr * 16
+	nib := m.Data[r*nb : (r+4)*nb]
+	n0, n1, n2, n3 := nib[:nb], nib[nb:2*nb], nib[2*nb:3*nb], nib[3*nb:]
+	cs := m.cstr
+	codes := m.codes[r*cs : (r+4)*cs]
+	lad := m.lad[32*r : 32*r+128 : 32*r+128]
+	l0, l1, l2, l3 := lad[:32:32], lad[32:64:64], lad[64:96:96], lad[96:128:128]
+	x = x[:m.Cols]
+	var a0, a1, a2, a3 float32
+	for g0 := 0; g0 < gpr; g0 += 8 {
+		c0, c1 := q4tpCodes8(codes[:cs], g0), q4tpCodes8(codes[cs:2*cs], g0)
+		c2, c3 := q4tpCodes8(codes[2*cs:3*cs], g0), q4tpCodes8(codes[3*cs:], g0)
+		for g := g0; g < min(g0+8, gpr); g++ {
+			s0, s1, s2, s3 := q4tpGroup4(n0[16*g:], n1[16*g:], n2[16*g:], n3[16*g:], x[32*g:])
+			a0 += s0 * l0[c0&31]
+			a1 += s1 * l1[c1&31]
+			a2 += s2 * l2[c2&31]
+			a3 += s3 * l3[c3&31]
+			c0, c1, c2, c3 = c0>>5, c1>>5, c2>>5, c3>>5
+		}
+	}
+	return a0, a1, a2, a3
+}
+
+// q4tpGroup4 is q4tpGroup for the same group of four rows, loading x once.
+func q4tpGroup4(b0, b1, b2, b3 []byte, x []float32) (float32, float32, float32, float32) {
+	b0, b1, b2, b3, x = b0[:16:16], b1[:16:16], b2[:16:16], b3[:16:16], x[:32:32]
+	t := &nibf
+	var s0, s1, s2, s3, u0, u1, u2, u3 float32
+	for i := 0; i < 16; i++ {
+		xx := x[2*i : 2*i+2 : 2*i+2]
+		p, q, r, s := &t[b0[i]], &t[b1[i]], &t[b2[i]], &t[b3[i]]
+		s0 += p[0] * xx[0]
+		u0 += p[1] * xx[1]
+		s1 += q[0] * xx[0]
+		u1 += q[1] * xx[1]
+		s2 += r[0] * xx[0]
+		u2 += r[1] * xx[1]
+		s3 += s[0] * xx[0]
+		u3 += s[1] * xx[1]
+	}
+	return s0 + u0, s1 + u1, s2 + u2, s3 + u3
 }
 
 func decodeQ4TP(m *Mat, r int, dst []float32) float32 {
