@@ -1,0 +1,87 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cortiq/cortiq/convert"
+	"github.com/cortiq/cortiq/quant"
+)
+
+func fixture(t *testing.T) *Engine {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "m.cmf")
+	if _, err := convert.FromHF(context.Background(), "../testdata/models/qwen3_f32", p, convert.Options{Quant: quant.F32}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(p, Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+func TestGenerateStops(t *testing.T) {
+	e := fixture(t)
+	ctx := context.Background()
+	prompt, err := e.Encode("<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\n", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.NewSession(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed strings.Builder
+	ref, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, OnText: func(x string) error { streamed.WriteString(x); return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.Reason != "length" || len(ref.IDs) != 12 || streamed.String() != ref.Text {
+		t.Fatalf("reason %s, %d ids, streamed %q vs text %q", ref.Reason, len(ref.IDs), streamed.String(), ref.Text)
+	}
+	if want := e.Tok.Decode(ref.IDs); ref.Text != want {
+		t.Fatalf("text %q, decode of ids %q", ref.Text, want)
+	}
+	// The same prompt again reuses all but its last token from the cache
+	// and, greedy, produces the same tokens.
+	again, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.CachedTokens != len(prompt)-1 || again.Text != ref.Text {
+		t.Fatalf("reuse: cached %d of %d, text %q vs %q", again.CachedTokens, len(prompt), again.Text, ref.Text)
+	}
+	// A stop string cuts the text before it and is never emitted.
+	runes := []rune(ref.Text)
+	if len(runes) < 6 {
+		t.Skipf("greedy text %q too short for a stop-string test", ref.Text)
+	}
+	stop := string(runes[3:5])
+	cut := strings.Index(ref.Text, stop)
+	st, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Reason != "stop" || st.Text != ref.Text[:cut] {
+		t.Fatalf("stop %q: reason %s text %q, want %q", stop, st.Reason, st.Text, ref.Text[:cut])
+	}
+	// A full context ends generation with reason "context", not an error.
+	small, _ := e.NewSession(len(prompt) + 3)
+	full, err := small.Generate(ctx, prompt, GenOptions{IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full.Reason != "context" || len(full.IDs) != 4 {
+		t.Fatalf("context end: reason %s after %d tokens", full.Reason, len(full.IDs))
+	}
+	// A cancelled context stops with its error.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Generate(cctx, prompt, GenOptions{MaxTokens: 5}); err == nil {
+		t.Fatal("cancelled generation succeeded")
+	}
+}
