@@ -15,7 +15,8 @@ import (
 )
 
 // ggufArchs maps GGUF general.architecture to cortiq architecture names.
-var ggufArchs = map[string]string{"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+var ggufArchs = map[string]string{"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+	"qwen3next": "qwen3_next", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"} // hybrids: gguf_hybrid.go
 
 // ggufNames maps llama.cpp tensor names to Hugging Face names (per layer
 // names take "blk.N." → "model.layers.N.").
@@ -53,7 +54,7 @@ func FromGGUF(ctx context.Context, path, out string, opt Options) (*Result, erro
 	ga := f.Architecture()
 	name, ok := ggufArchs[ga]
 	if !ok {
-		return nil, fmt.Errorf("convert: %s: GGUF architecture %q is not supported for import (supported: llama, qwen2, qwen3, qwen3moe; convert other architectures from their Hugging Face checkpoint)", path, ga)
+		return nil, fmt.Errorf("convert: %s: GGUF architecture %q is not supported for import (supported: llama, qwen2, qwen3, qwen3moe, qwen3next, qwen35, qwen35moe; convert other architectures from their Hugging Face checkpoint)", path, ga)
 	}
 	arch, err := archFromGGUF(f, ga, name)
 	if err != nil {
@@ -61,7 +62,17 @@ func FromGGUF(ctx context.Context, path, out string, opt Options) (*Result, erro
 	}
 
 	src := map[string]srcTensor{}
-	for _, ti := range f.Tensors() {
+	tensors := f.Tensors()
+	if isHybridArch(name) { // the Gated-DeltaNet hybrids map their own tensors
+		if err := hybridArchFromGGUF(f, ga, &arch); err != nil {
+			return nil, fmt.Errorf("convert: %s: %w", path, err)
+		}
+		if src, err = hybridTensors(f, &arch); err != nil {
+			return nil, fmt.Errorf("convert: %s: %w", path, err)
+		}
+		tensors = nil
+	}
+	for _, ti := range tensors {
 		ti := ti
 		hf, err := ggufToHF(ti.Name)
 		if err != nil {
@@ -100,6 +111,7 @@ func FromGGUF(ctx context.Context, path, out string, opt Options) (*Result, erro
 	if err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
 	}
+	want = append(want, model.MTPTensors(&arch)...)
 	var ts []srcTensor
 	used := map[string]bool{}
 	for _, w := range want {
