@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -601,6 +602,49 @@ func BenchmarkVerify(b *testing.B) {
 	for b.Loop() {
 		if probs, err := m.Verify(context.Background(), nil); err != nil || len(probs) > 0 {
 			b.Fatal(probs, err)
+		}
+	}
+}
+
+func TestSpecRulesEnforced(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.cmf")
+	write(t, good, testHeader(), randTensors(rand.New(rand.NewPCG(5, 5)), 3), WriteOptions{})
+	if st, _ := os.Stat(good); st.Mode().Perm()&0o044 == 0 {
+		t.Fatalf("model file mode %v is not readable by others", st.Mode())
+	}
+	gb, _ := os.ReadFile(good)
+	bad := filepath.Join(dir, "bad.cmf")
+	reseal := func(b []byte) []byte {
+		binary.LittleEndian.PutUint64(b[120:], xxh3.Hash(b[:120]))
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"reserved byte":  reseal(func() []byte { b := append([]byte(nil), gb...); b[100] = 1; return b }()),
+		"reserved algo":  reseal(func() []byte { b := append([]byte(nil), gb...); b[14] = 1; return b }()),
+		"trailing bytes": append(append([]byte(nil), gb...), 0),
+	} {
+		os.WriteFile(bad, b, 0o644)
+		if m, err := Open(bad); err == nil {
+			m.Close()
+			t.Errorf("%s: opened", name)
+		}
+	}
+	// A header that cannot be written (NaN) fails Create without leaving a file.
+	h := testHeader()
+	h.Arch.RopeTheta = math.NaN()
+	if _, err := Create(filepath.Join(dir, "nan.cmf"), h, nil, WriteOptions{}); err == nil {
+		t.Fatal("NaN rope_theta accepted")
+	}
+	h = testHeader()
+	h.Skills = []Skill{{Name: "x", Params: map[string]any{"t": math.Inf(1)}}}
+	if _, err := Create(filepath.Join(dir, "inf.cmf"), h, nil, WriteOptions{}); err == nil {
+		t.Fatal("unmarshalable header accepted")
+	}
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.Contains(e.Name(), "nan") || strings.Contains(e.Name(), "inf") {
+			t.Fatalf("failed Create left %s", e.Name())
 		}
 	}
 }

@@ -133,6 +133,17 @@ func parsePreamble(b []byte, size int64, checkHash bool) (*preamble, error) {
 	if p.DataOff%DataAlign != 0 {
 		return nil, fmt.Errorf("%w: data section at %d is not %d-aligned", ErrCorrupt, p.DataOff, DataAlign)
 	}
+	if p.DataN%FileEndAlign != 0 {
+		return nil, fmt.Errorf("%w: data section length %d is not a multiple of %d", ErrCorrupt, p.DataN, FileEndAlign)
+	}
+	if p.DataOff+p.DataN != us {
+		return nil, fmt.Errorf("%w: the file is %d bytes but its data section ends at %d (truncated or trailing bytes)", ErrCorrupt, size, p.DataOff+p.DataN)
+	}
+	for _, z := range append(b[13:16:16], b[80:120]...) {
+		if z != 0 {
+			return nil, fmt.Errorf("%w: reserved preamble bytes are not zero", ErrCorrupt)
+		}
+	}
 	return p, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -222,6 +223,24 @@ func (a *Arch) Validate() error {
 	if a.NumAttentionHeads < 0 || a.NumKVHeads < 0 || a.HeadDim < 0 || a.IntermediateSize < 0 {
 		return bad("negative dimension")
 	}
+	if a.NumLayers > 4096 || a.NumAttentionHeads > 4096 || a.NumKVHeads > 4096 || a.HeadDim > 1<<16 || a.IntermediateSize > 1<<24 {
+		return bad("dimensions beyond any supported model (layers %d, heads %d/%d, head_dim %d, ffn %d)", a.NumLayers, a.NumAttentionHeads, a.NumKVHeads, a.HeadDim, a.IntermediateSize)
+	}
+	for _, f := range []struct {
+		n string
+		v float64
+	}{{"rms_norm_eps", a.RMSNormEps}, {"rope_theta", a.RopeTheta}, {"partial_rotary_factor", a.PartialRotaryFactor}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return bad("%s is %v", f.n, f.v)
+		}
+	}
+	if r := a.RopeScaling; r != nil {
+		for _, v := range []float64{r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.BetaFast, r.BetaSlow, r.AttentionFactor, r.MScale, r.MScaleAllDim} {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return bad("rope_scaling has a non-finite value")
+			}
+		}
+	}
 	if a.NumKVHeads > 0 && a.NumAttentionHeads%a.NumKVHeads != 0 {
 		return bad("num_attention_heads %d not a multiple of num_kv_heads %d", a.NumAttentionHeads, a.NumKVHeads)
 	}
@@ -240,11 +259,16 @@ func (a *Arch) Validate() error {
 	default:
 		return bad("unknown norm_style %q", a.NormStyle)
 	}
+	for _, v := range []int{a.LinearConvKernelDim, a.LinearNumKeyHeads, a.LinearNumValueHeads, a.LinearKeyHeadDim, a.LinearValueHeadDim} {
+		if v < 0 || v > 1<<16 {
+			return bad("linear attention dimension %d out of range", v)
+		}
+	}
 	if a.PartialRotaryFactor < 0 || a.PartialRotaryFactor > 1 {
 		return bad("partial_rotary_factor %g outside [0,1]", a.PartialRotaryFactor)
 	}
 	if m := a.MoE; m != nil {
-		if m.NumExperts <= 0 || m.NumExpertsPerTok <= 0 || m.NumExpertsPerTok > m.NumExperts {
+		if m.NumExperts <= 0 || m.NumExperts > 1<<16 || m.NumExpertsPerTok <= 0 || m.NumExpertsPerTok > m.NumExperts || m.MoEIntermediateSize < 0 || m.MoEIntermediateSize > 1<<24 || m.SharedExpertIntermediateSize < 0 || m.SharedExpertIntermediateSize > 1<<24 {
 			return bad("moe: %d experts, %d per token", m.NumExperts, m.NumExpertsPerTok)
 		}
 	}

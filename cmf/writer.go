@@ -151,15 +151,15 @@ func (w *Writer) headerFor(i int) ([]byte, error) {
 }
 
 func (w *Writer) startShard(final string, i int, dir []byte, dataN int64) (*shardOut, error) {
-	f, err := os.CreateTemp(filepath.Dir(final), "."+filepath.Base(final)+".tmp-*")
+	hb, err := w.headerFor(i)
+	if err != nil {
+		return nil, fmt.Errorf("cmf: header: %w", err)
+	}
+	f, err := createTemp(final)
 	if err != nil {
 		return nil, fmt.Errorf("cmf: %w", err)
 	}
 	so := &shardOut{final: final, tmp: f.Name(), f: f, dataHash: xxh3.New()}
-	hb, err := w.headerFor(i)
-	if err != nil {
-		return so, fmt.Errorf("cmf: header: %w", err)
-	}
 	so.hdrBytes = len(hb)
 	p := &so.pre
 	p.Major, p.Minor, p.HashAlgo = VersionMajor, VersionMinor, HashXXH3
@@ -172,9 +172,26 @@ func (w *Writer) startShard(final string, i int, dir []byte, dataN int64) (*shar
 	copy(buf[p.HeaderOff:], hb)
 	copy(buf[p.DirOff:], dir)
 	if _, err := f.Write(buf); err != nil {
-		return so, fmt.Errorf("cmf: write %s: %w", final, err)
+		f.Close()
+		os.Remove(so.tmp)
+		return nil, fmt.Errorf("cmf: write %s: %w", final, err)
 	}
 	return so, nil
+}
+
+// createTemp creates a new file beside final with mode 0644 (less the
+// umask, as for any file the user creates; os.CreateTemp would make it
+// 0600 and the renamed model unreadable to other users).
+func createTemp(final string) (*os.File, error) {
+	for i := 0; ; i++ {
+		var r [6]byte
+		_, _ = rand.Read(r[:])
+		name := filepath.Join(filepath.Dir(final), "."+filepath.Base(final)+".tmp-"+hex.EncodeToString(r[:]))
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil || !os.IsExist(err) || i > 100 {
+			return f, err
+		}
+	}
 }
 
 // Tensors returns the directory in write order, with shard and offset assigned.
@@ -356,13 +373,21 @@ func (w *Writer) Close() error {
 			return w.err
 		}
 	}
-	for _, so := range w.shards {
+	for k, so := range w.shards {
 		if err := os.Rename(so.tmp, so.final); err != nil {
+			// Take back the shards already in place: a set is whole or absent.
+			for _, prev := range w.shards[:k] {
+				os.Remove(prev.final)
+			}
 			w.fail(fmt.Errorf("cmf: %w", err))
 			w.Abort()
 			return w.err
 		}
 		so.tmp = ""
+	}
+	if d, err := os.Open(filepath.Dir(w.shards[0].final)); err == nil {
+		_ = d.Sync() // make the renames durable
+		d.Close()
 	}
 	w.done = true
 	return nil

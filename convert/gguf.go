@@ -201,6 +201,7 @@ func ggufTensor(f *gguf.File, ti gguf.TensorInfo, hf string, shape []int, permHe
 		}
 	}
 	return srcTensor{
+		release:  func() { f.Release(name) },
 		loadRows: loadRows,
 		name:     hf, shape: shape, inBytes: ti.Size,
 		raw: func() ([]byte, quant.DType, bool) {
@@ -230,6 +231,9 @@ func addGGUFExperts(src map[string]srcTensor, f *gguf.File, ti gguf.TensorInfo, 
 		return fmt.Errorf("expert tensor %s has shape %v, want 3 dimensions", ti.Name, sh)
 	}
 	E, R, C := sh[0], sh[1], sh[2]
+	if E <= 0 || R <= 0 || C <= 0 {
+		return fmt.Errorf("expert tensor %s has an empty dimension %v", ti.Name, sh)
+	}
 	per := ti.Size / int64(E)
 	if per*int64(E) != ti.Size {
 		return fmt.Errorf("expert tensor %s: %d bytes do not split over %d experts", ti.Name, ti.Size, E)
@@ -241,8 +245,16 @@ func addGGUFExperts(src map[string]srcTensor, f *gguf.File, ti gguf.TensorInfo, 
 		e := e
 		get := func() []byte { b := f.Raw(ti.Name); return b[int64(e)*per : int64(e+1)*per] }
 		n := fmt.Sprintf("%s.mlp.experts.%d.%s_proj.weight", prefix, e, kind)
+		if _, dup := src[n]; dup {
+			return fmt.Errorf("tensor %s given twice (stacked and per expert)", n)
+		}
+		var release func()
+		if e == E-1 {
+			release = func() { f.Release(ti.Name) }
+		}
 		src[n] = srcTensor{
-			name: n, shape: []int{R, C}, inBytes: per,
+			release: release,
+			name:    n, shape: []int{R, C}, inBytes: per,
 			raw: func() ([]byte, quant.DType, bool) { return get(), qd, plain },
 			load: func(dst []float32) error {
 				if err := gguf.Dequantize(ti.Type, get(), dst); err != nil {
@@ -288,6 +300,9 @@ func archFromGGUF(f *gguf.File, ga, name string) (cmf.Arch, error) {
 	a.RMSNormEps = fl("attention.layer_norm_rms_epsilon", 1e-6)
 	a.RopeTheta = fl("rope.freq_base", 10000)
 	a.MaxPositionEmbeddings = u("context_length", 0)
+	if err := boundArch(&a); err != nil {
+		return a, err
+	}
 	if rd := u("rope.dimension_count", a.HeadDim); a.HeadDim > 0 && rd != a.HeadDim {
 		a.PartialRotaryFactor = float64(rd) / float64(a.HeadDim)
 	}
@@ -371,10 +386,11 @@ func ggufTokenizer(f *gguf.File, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, 
 	}
 	id := func(k string) *int {
 		if x, ok := f.KV(k); ok {
-			if n, ok := x.Uint(); ok && int(n) < len(v.Tokens) {
+			if n, ok := x.Uint(); ok && n < uint64(len(v.Tokens)) {
 				i := int(n)
 				return &i
 			}
+			slog.Warn("GGUF special-token id out of the vocabulary: ignored", "key", k, "vocab", len(v.Tokens))
 		}
 		return nil
 	}

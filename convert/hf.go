@@ -224,16 +224,31 @@ func addFused(src map[string]srcTensor, st *safetensors.File, info safetensors.I
 		return fmt.Errorf("tensor %s has dtype %s; only F32, F16 and BF16 checkpoints are supported", info.Name, info.DType)
 	}
 	E, R, C := info.Shape[0], info.Shape[1], info.Shape[2]
-	es := int64(info.Size) / int64(E*R*C)
+	if E <= 0 || R <= 0 || C <= 0 {
+		return fmt.Errorf("fused expert tensor %s has an empty dimension %v", info.Name, info.Shape)
+	}
+	es := int64(2)
+	if qd == quant.F32 {
+		es = 4
+	}
 	slice := func(e, r0, r1 int) func() []byte {
 		return func() []byte {
 			b := st.Raw(info.Name)
 			return b[(int64(e*R+r0))*int64(C)*es : (int64(e*R+r1))*int64(C)*es]
 		}
 	}
+	var dupErr error
 	mk := func(name string, get func() []byte, rows int) {
+		if _, dup := src[name]; dup {
+			dupErr = fmt.Errorf("tensor %s given twice (fused and per expert)", name)
+		}
+		var release func()
+		if strings.HasSuffix(name, fmt.Sprintf(".%d.up_proj.weight", E-1)) || strings.HasSuffix(name, fmt.Sprintf(".%d.down_proj.weight", E-1)) {
+			release = func() { st.Release(info.Name) }
+		}
 		src[name] = srcTensor{
-			name: name, shape: []int{rows, C}, inBytes: int64(rows*C) * es,
+			release: release,
+			name:    name, shape: []int{rows, C}, inBytes: int64(rows*C) * es,
 			raw:      func() ([]byte, quant.DType, bool) { return get(), qd, true },
 			load:     func(dst []float32) error { return decodeRaw(qd, get(), dst) },
 			loadRows: rowLoader(true, qd, []int{rows, C}, get),
@@ -251,7 +266,7 @@ func addFused(src map[string]srcTensor, st *safetensors.File, info safetensors.I
 			mk(p+"down_proj.weight", slice(e, 0, R), R)
 		}
 	}
-	return nil
+	return dupErr
 }
 
 // hfTokenizer reads tokenizer.json, tokenizer_config.json and an optional

@@ -126,6 +126,12 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 	a.VocabSize = c.intOr("vocab_size", 0, &err)
 	a.RMSNormEps = c.floatOr("rms_norm_eps", 1e-6, &err)
 	a.MaxPositionEmbeddings = c.intOr("max_position_embeddings", 0, &err)
+	if err == nil {
+		err = boundArch(&a)
+	}
+	if err != nil {
+		return a, err
+	}
 	if act := c.str("hidden_act"); act != "" && act != "silu" {
 		return a, fmt.Errorf("hidden_act %q is not supported (only silu)", act)
 	}
@@ -292,6 +298,34 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 		return a, fmt.Errorf("config.json: num_attention_heads/head_dim missing")
 	}
 	return a, a.Validate()
+}
+
+// Limits far above any published model; they keep loops and allocations
+// driven by an untrusted config bounded.
+const (
+	maxLayers  = 4096
+	maxHeads   = 4096
+	maxHeadDim = 1 << 16
+	maxHidden  = 1 << 20
+	maxVocab   = 1 << 24
+)
+
+// boundArch rejects dimensions beyond the limits above.
+func boundArch(a *cmf.Arch) error {
+	for _, v := range []struct {
+		name   string
+		x, max int
+	}{
+		{"num_hidden_layers", a.NumLayers, maxLayers}, {"num_attention_heads", a.NumAttentionHeads, maxHeads},
+		{"num_key_value_heads", a.NumKVHeads, maxHeads}, {"head_dim", a.HeadDim, maxHeadDim},
+		{"hidden_size", a.HiddenSize, maxHidden}, {"intermediate_size", a.IntermediateSize, 1 << 24},
+		{"vocab_size", a.VocabSize, maxVocab},
+	} {
+		if v.x > v.max {
+			return fmt.Errorf("%s = %d is beyond any supported model (max %d)", v.name, v.x, v.max)
+		}
+	}
+	return nil
 }
 
 // mtpLayers returns the MTP layer count a config declares (0 if none).

@@ -79,10 +79,14 @@ func Matrix(shape []int) (rows, cols int, err error) {
 		n *= d
 	}
 	cols = shape[len(shape)-1]
-	if cols == 0 {
-		return 0, 0, nil
+	rows = 1
+	for _, d := range shape[:len(shape)-1] {
+		rows *= d // cannot overflow: bounded by the product checked above, or a zero column count
+		if rows > MaxElements {
+			return 0, 0, fmt.Errorf("%w: %v has more than 2^40 rows", ErrShape, shape)
+		}
 	}
-	return n / cols, cols, nil
+	return rows, cols, nil
 }
 
 // GroupSize is the q4tp group length (weights per 16-byte nibble group).
