@@ -313,7 +313,7 @@ func TestConvertHFErrors(t *testing.T) {
 // every quantized tensor equals a whole-tensor encode of the source.
 func TestChunkedEncodingMatchesWhole(t *testing.T) {
 	old := chunkFloats
-	chunkFloats = 100 // a couple of rows a chunk
+	chunkFloats = 70 * 64 // 70 rows of 64 columns: several chunks a tensor, each split over 2 goroutines
 	defer func() { chunkFloats = old }()
 	dir := t.TempDir()
 	vals := writeHF(t, filepath.Join(dir, "hf"), tinyConfig("qwen3"), safetensors.F32, false, false)

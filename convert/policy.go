@@ -2,6 +2,7 @@ package convert
 
 import (
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 
@@ -57,7 +58,8 @@ func (p *Policy) Choose(name string, shape []int, tiedEmbed bool) (quant.DType, 
 			if _, err := quant.ExpectedBytes(r.DType, shape); err == nil {
 				return r.DType, "--keep " + r.Pattern.String()
 			}
-			return quant.F32, fmt.Sprintf("--keep asked %s, which cannot hold %v", r.DType, shape)
+			slog.Warn("--keep rule cannot apply: the format cannot hold the shape; the built-in policy decides", "tensor", name, "format", r.DType, "shape", shape)
+			break
 		}
 	}
 	if len(shape) < 2 {

@@ -56,18 +56,33 @@ func TestGenerateStops(t *testing.T) {
 		t.Fatalf("reuse: cached %d of %d, text %q vs %q", again.CachedTokens, len(prompt), again.Text, ref.Text)
 	}
 	// A stop string cuts the text before it and is never emitted.
-	runes := []rune(ref.Text)
-	if len(runes) < 6 {
-		t.Skipf("greedy text %q too short for a stop-string test", ref.Text)
+	if runes := []rune(ref.Text); len(runes) >= 6 {
+		stop := string(runes[3:5])
+		cut := strings.Index(ref.Text, stop)
+		st, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Reason != "stop" || st.Text != ref.Text[:cut] {
+			t.Fatalf("stop %q: reason %s text %q, want %q", stop, st.Reason, st.Text, ref.Text[:cut])
+		}
+	} else {
+		t.Errorf("greedy text %q too short for the stop-string check", ref.Text)
 	}
-	stop := string(runes[3:5])
-	cut := strings.Index(ref.Text, stop)
-	st, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}})
+	// An end-of-sequence token ends generation; its text is not emitted.
+	saved := e.EOS
+	e.EOS = []int32{int32(ref.IDs[3])}
+	eos, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12})
+	e.EOS = saved
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Reason != "stop" || st.Text != ref.Text[:cut] {
-		t.Fatalf("stop %q: reason %s text %q, want %q", stop, st.Reason, st.Text, ref.Text[:cut])
+	first := 0
+	for first < 3 && ref.IDs[first] != ref.IDs[3] {
+		first++
+	}
+	if eos.Reason != "eos" || len(eos.IDs) != first+1 || eos.Text != e.Tok.Decode(ref.IDs[:first]) {
+		t.Fatalf("eos %d: reason %s ids %v text %q", ref.IDs[3], eos.Reason, eos.IDs, eos.Text)
 	}
 	// A full context ends generation with reason "context", not an error.
 	small, _ := e.NewSession(len(prompt) + 3)

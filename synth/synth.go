@@ -210,24 +210,28 @@ func (g *gen) floats(w *cmf.Writer, d quant.DType, n int, sd float64) error {
 	})
 }
 
-// random writes n random bytes in chunks, filled in parallel, each chunk
-// passed through fix (if not nil) before it is written.
+// random writes n random bytes in chunks, each chunk passed through fix
+// (if not nil) before it is written. The stream depends only on the seed:
+// it is cut into fixed 64 KiB blocks, each seeded by its index, which the
+// workers fill in parallel.
 func (g *gen) random(w *cmf.Writer, n int64, fix func([]byte)) error {
+	const block = 64 << 10
 	workers := runtime.GOMAXPROCS(0)
 	for n > 0 {
 		k := min(n, int64(len(g.buf)))
 		b := g.buf[:k]
-		part := (len(b)/workers + 7) &^ 7
+		nb := (len(b) + block - 1) / block
 		var wg sync.WaitGroup
 		for p := 0; p < workers; p++ {
-			lo, hi := min(p*part, len(b)), min((p+1)*part, len(b))
-			seed := g.seed + uint64(p)*0xbf58476d1ce4e5b9
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				fillRandom(b[lo:hi], seed)
-				if fix != nil {
-					fix(b[lo:hi])
+				for i := p; i < nb; i += workers {
+					blk := b[i*block : min(len(b), (i+1)*block)]
+					fillRandom(blk, g.seed+uint64(i)*0xbf58476d1ce4e5b9)
+					if fix != nil {
+						fix(blk)
+					}
 				}
 			}()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -92,5 +93,32 @@ func TestShapeParamCounts(t *testing.T) {
 	}
 	if _, err := Arch("nope", ""); err == nil {
 		t.Fatal("unknown shape accepted")
+	}
+}
+
+// TestDeterministic checks that the bytes depend on the seed only, not on
+// the number of cores.
+func TestDeterministic(t *testing.T) {
+	a, _ := Arch("tiny_qwen3", "")
+	dir := t.TempDir()
+	hash := func(procs int, seed uint64) string {
+		old := runtime.GOMAXPROCS(procs)
+		defer runtime.GOMAXPROCS(old)
+		p := filepath.Join(dir, "m.cmf")
+		if _, err := Write(context.Background(), p, a, quant.Q4TP, Options{Seed: seed}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := cmf.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		return m.Header.SectionHashes.Data[0]
+	}
+	if h1, h2 := hash(1, 7), hash(2, 7); h1 != h2 {
+		t.Fatalf("seed 7: %s with 1 core, %s with 2", h1, h2)
+	}
+	if hash(2, 7) == hash(2, 8) {
+		t.Fatal("different seeds give the same model")
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"runtime"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,12 @@ func newBench() *cobra.Command {
 		Short: "llama-bench-like speed table (pp, tg tok/s ± sd) with the machine's read bandwidth measured in the same run",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if probeMB < 16 || probeMB > 1<<20 {
+				return fmt.Errorf("bench: --probe-mb %d: want 16 to 1048576", probeMB)
+			}
+			if p < 0 || n < 0 || r < 1 {
+				return fmt.Errorf("bench: -p and -n must be ≥ 0 and -r ≥ 1")
+			}
 			if threads <= 0 {
 				threads = runtime.GOMAXPROCS(0)
 			}

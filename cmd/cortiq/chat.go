@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -78,13 +79,11 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					f := false
 					opt.EnableThinking = &f
 				}
-				text, err := e.RenderChat(msgs, opt)
+				prompt, err := fitPrompt(e, &msgs, opt, s.Cache().Cap()-min(sf.n, s.Cache().Cap()/4), errOut)
 				if err != nil {
-					return err
-				}
-				prompt, err := e.Encode(text, true)
-				if err != nil {
-					return err
+					fmt.Fprintln(errOut, "cortiq:", err)
+					msgs = msgs[:len(msgs)-1]
+					continue
 				}
 				res, err := s.Generate(cmd.Context(), prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
 					OnText: func(t string) error { _, err := fmt.Fprint(out, t); return err }})
@@ -103,4 +102,37 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 	c.Flags().StringVar(&system, "system", "", "system prompt")
 	c.Flags().BoolVar(&noThink, "no-think", false, "enable_thinking=false for templates that support it (Qwen3)")
 	return c
+}
+
+// fitPrompt renders the conversation and, while it does not leave room for
+// the reply in the context, drops the oldest exchange (the system prompt
+// stays), saying so. It fails only when the last message alone is too long.
+func fitPrompt(e *engine.Engine, msgs *[]chat.Message, opt chat.Options, budget int, errOut io.Writer) ([]int, error) {
+	for {
+		text, err := e.RenderChat(*msgs, opt)
+		if err != nil {
+			return nil, err
+		}
+		prompt, err := e.Encode(text, true)
+		if err != nil {
+			return nil, err
+		}
+		if len(prompt) <= budget {
+			return prompt, nil
+		}
+		first := 0
+		if len(*msgs) > 0 && (*msgs)[0].Role == "system" {
+			first = 1
+		}
+		if len(*msgs)-first <= 1 {
+			return nil, fmt.Errorf("this message needs %d tokens; the context leaves room for %d (raise --ctx)", len(prompt), budget)
+		}
+		// Drop the oldest turn and the replies that followed it.
+		end := first + 1
+		for end < len(*msgs)-1 && (*msgs)[end].Role != "user" {
+			end++
+		}
+		fmt.Fprintf(errOut, "[context full: dropping the oldest exchange (%d messages) from the conversation]\n", end-first)
+		*msgs = append((*msgs)[:first], (*msgs)[end:]...)
+	}
 }

@@ -106,5 +106,9 @@ func parseBytes(s string) (int64, error) {
 	if _, err := fmt.Sscanf(num, "%g", &f); err != nil || !ok || f <= 0 {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
-	return int64(f * float64(m)), nil
+	v := f * float64(m)
+	if v < 1<<20 || v > 1<<60 {
+		return 0, fmt.Errorf("size %q is out of range (1 MiB to 1 EiB)", s)
+	}
+	return int64(v), nil
 }

@@ -117,6 +117,9 @@ func TestFixturesEndToEnd(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				if len(lg.Logits) != len(c.PromptIDs) {
+					t.Fatalf("%s: %d rows of logits for %d prompt tokens", c.Name, len(lg.Logits), len(c.PromptIDs))
+				}
 				V := len(want) / len(c.PromptIDs)
 				var ss float64
 				for _, v := range want {

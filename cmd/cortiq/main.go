@@ -18,6 +18,12 @@ var version = "0.1.0-dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first Ctrl-C cancels the work (partial files are removed);
+		// once it has, a second one kills the process the default way.
+		<-ctx.Done()
+		stop()
+	}()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "cortiq:", err)
 		os.Exit(exitCode(err))

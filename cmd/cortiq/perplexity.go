@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -27,7 +28,7 @@ type PerplexityResult struct {
 // an empty cache (its first token replaced by BOS when the model adds one),
 // and only the second half of each chunk is scored, so every scored token
 // sees at least ctx/2 tokens of context.
-func perplexity(e *engine.Engine, tokens []int, ctx, maxChunks int, progress func(done, total int)) (*PerplexityResult, error) {
+func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChunks int, progress func(done, total int)) (*PerplexityResult, error) {
 	if ctx < 4 {
 		return nil, fmt.Errorf("perplexity: --ctx %d is too small", ctx)
 	}
@@ -42,9 +43,15 @@ func perplexity(e *engine.Engine, tokens []int, ctx, maxChunks int, progress fun
 	if err != nil {
 		return nil, err
 	}
+	// BOS as the tokenizer itself adds it (tokenizer.json post-processor or
+	// add_bos_token), which is what Encode put before the text.
 	bos := -1
-	if e.Tok != nil && e.File.Header.TokenizerConfig != nil && e.File.Header.TokenizerConfig.AddBOS {
-		bos = e.Tok.SpecialIDs().BOS
+	if e.Tok != nil {
+		if b := e.Tok.SpecialIDs().BOS; b >= 0 {
+			if ids := e.Tok.Encode("", true, false); len(ids) > 0 && ids[0] == b {
+				bos = b
+			}
+		}
 	}
 	V := e.File.Header.Arch.VocabSize
 	first := ctx / 2
@@ -52,6 +59,9 @@ func perplexity(e *engine.Engine, tokens []int, ctx, maxChunks int, progress fun
 	count := 0
 	chunk := make([]int, ctx)
 	for c := 0; c < n; c++ {
+		if err := cx.Err(); err != nil {
+			return nil, err
+		}
 		copy(chunk, tokens[c*ctx:(c+1)*ctx])
 		if bos >= 0 {
 			chunk[0] = bos
@@ -112,7 +122,7 @@ func newPerplexity() *cobra.Command {
 				return err
 			}
 			errOut := cmd.ErrOrStderr()
-			res, err := perplexity(e, tokens, mf.ctx, chunks, func(d, t int) { fmt.Fprintf(errOut, "\rchunk %d/%d", d, t) })
+			res, err := perplexity(cmd.Context(), e, tokens, mf.ctx, chunks, func(d, t int) { fmt.Fprintf(errOut, "\rchunk %d/%d", d, t) })
 			fmt.Fprintln(errOut)
 			if err != nil {
 				return err

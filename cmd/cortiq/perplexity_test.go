@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"math"
 	"path/filepath"
 	"regexp"
@@ -49,7 +50,7 @@ func TestPerplexityMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	got, err := perplexity(e, c.PromptIDs, T, 0, nil)
+	got, err := perplexity(context.Background(), e, c.PromptIDs, T, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestPerplexityMatchesReference(t *testing.T) {
 		t.Fatalf("perplexity %.6f over %d tokens, reference %.6f over %d", got.PPL, got.Tokens, want, n)
 	}
 	// Too little text for one chunk is an error, not a silent zero.
-	if _, err := perplexity(e, c.PromptIDs, T+1, 0, nil); err == nil {
+	if _, err := perplexity(context.Background(), e, c.PromptIDs, T+1, 0, nil); err == nil {
 		t.Fatal("short text accepted")
 	}
 	// The command prints the same number.

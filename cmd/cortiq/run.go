@@ -28,6 +28,9 @@ func (f *modelFlags) add(c *cobra.Command) {
 }
 
 func (f *modelFlags) open(path string) (*engine.Engine, error) {
+	if f.ctx < 1 || f.threads < 0 || f.batch < 0 {
+		return nil, fmt.Errorf("--ctx must be ≥ 1 and --threads, --batch ≥ 0")
+	}
 	return engine.Open(path, engine.Options{Threads: f.threads, Batch: f.batch})
 }
 
@@ -100,6 +103,9 @@ func newRun() *cobra.Command {
 given token ids are the whole prompt. --json prints {"ids":[generated ids],"text":"..."}.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if sf.n < 0 {
+				return fmt.Errorf("run: --max-tokens %d: want ≥ 0", sf.n)
+			}
 			e, err := mf.open(args[0])
 			if err != nil {
 				return err

@@ -107,3 +107,24 @@ func TestChatKeepsCache(t *testing.T) {
 		t.Fatalf("second turn reused %d tokens of a %d-token first prompt:\n%s", reused, first, errOut.String())
 	}
 }
+
+// TestChatDropsOldestTurns fills a small context over several turns: the
+// oldest exchanges are dropped with a notice and the chat goes on.
+func TestChatDropsOldestTurns(t *testing.T) {
+	p := convertFixture(t, "qwen3_f32", "f32")
+	root := newRoot()
+	var out, errOut strings.Builder
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetIn(strings.NewReader("first question here\nsecond question here\nthird question here\nfourth one\n/exit\n"))
+	root.SetArgs([]string{"chat", p, "-n", "4", "--temperature", "0", "--ctx", "48", "--no-think"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Count(errOut.String(), "prompt tokens,"); got != 4 {
+		t.Fatalf("%d turns answered:\n%s", got, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "context full: dropping the oldest exchange") {
+		t.Fatalf("no notice of dropped turns:\n%s", errOut.String())
+	}
+}

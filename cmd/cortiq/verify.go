@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -17,8 +18,11 @@ func newVerify() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, err := cmf.Open(args[0])
+			if errors.Is(err, cmf.ErrCorrupt) {
+				return &exitError{2, err} // a damaged file: the same status as a hash mismatch
+			}
 			if err != nil {
-				return &exitError{2, err}
+				return err
 			}
 			defer m.Close()
 			probs, err := m.Verify(cmd.Context(), nil)
