@@ -96,6 +96,11 @@ package convert
 //   - A_log → −exp(A_log) in float32, inverted here as log(−x) in float64:
 //     |error| ≤ ~6e−8 + half an ulp of A_log, i.e. about 1e−7·max(1,|A_log|).
 //
+// Robustness: block_count must match the blocks the tensors fill and
+// expert_count the router's rows, so a corrupt count cannot inflate the
+// expected tensor list; every reshaped or permuted tensor's shape is
+// checked against the metadata before its data is touched.
+//
 // Not covered: a {arch}.attention.recurrent_layers-style per-layer array
 // (newer llama.cpp can read one; the converters above write the interval),
 // nextn.embed_tokens / nextn.shared_head_head (never written for Qwen, whose
@@ -147,8 +152,18 @@ func hybridArchFromGGUF(f *gguf.File, ga string, a *cmf.Arch) error {
 		}
 		return x, nil
 	}
-	if a.NumLayers > maxHybridCount {
-		return fmt.Errorf("GGUF metadata: %s.block_count %d is implausible", ga, a.NumLayers)
+	// Counts that size the expected tensor list must agree with the tensors
+	// present, so a corrupt count cannot ask for millions of names.
+	blocks := 0
+	for _, ti := range f.Tensors() {
+		if m := reBlk.FindStringSubmatch(ti.Name); m != nil {
+			if n, err := strconv.Atoi(m[1]); err == nil && n >= blocks {
+				blocks = n + 1
+			}
+		}
+	}
+	if a.NumLayers != blocks {
+		return fmt.Errorf("GGUF metadata: %s.block_count is %d but the tensors fill %d blocks", ga, a.NumLayers, blocks)
 	}
 	var err error
 	if a.LinearConvKernelDim, err = need("ssm.conv_kernel"); err != nil {
@@ -221,6 +236,14 @@ func hybridArchFromGGUF(f *gguf.File, ga string, a *cmf.Arch) error {
 			return err
 		}
 		m.SharedExpertIntermediateSize, _ = u("expert_shared_feed_forward_length")
+		for l := 0; l < a.NumLayers; l++ {
+			if ti, ok := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l)); ok {
+				if sh := ti.Shape(); len(sh) != 2 || sh[0] != m.NumExperts {
+					return fmt.Errorf("GGUF metadata: %s.expert_count is %d but %s has shape %v", ga, m.NumExperts, ti.Name, sh)
+				}
+				break
+			}
+		}
 		a.MoE = m
 		if a.ArchName == "qwen3_next" {
 			// llama.cpp runs a dense FFN where a layer has no router.

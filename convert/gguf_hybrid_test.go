@@ -659,6 +659,9 @@ func TestConvertGGUFHybridErrors(t *testing.T) {
 	}{
 		{"no_group_count", hybridGGUFOpts{dropKV: "ssm.group_count"}, "ssm.group_count"},
 		{"no_experts", hybridGGUFOpts{dropKV: "expert_count"}, "expert_count"},
+		{"block_count_too_big", hybridGGUFOpts{edit: func(n string, _ []int, _ []float32) bool {
+			return !strings.HasPrefix(n, "blk.4.") // the MTP block's tensors gone: block_count overstates
+		}}, "block_count"},
 		{"no_attn_gate", hybridGGUFOpts{edit: func(n string, _ []int, _ []float32) bool { return n != "blk.0.attn_gate.weight" }}, "attn_gate"},
 		{"positive_ssm_a", hybridGGUFOpts{edit: func(n string, _ []int, v []float32) bool {
 			if n == "blk.1.ssm_a" {
@@ -710,13 +713,28 @@ func TestUntileRows(t *testing.T) {
 }
 
 // FuzzGGUFHybrid feeds mutated hybrid GGUF files to FromGGUF: it must
-// return (an error or a model), never panic.
+// return (an error or a model), never panic. The seeds are whole files
+// (~58 KB), so run it with a short -fuzzminimizetime (e.g. 2s): the default
+// minute of minimizing per new input starves the search.
 func FuzzGGUFHybrid(f *testing.F) {
 	dir := f.TempDir()
+	// Small seeds keep the fuzzer fast: 16-wide, 2 experts, 1 key / 2 value heads.
+	small := func(c map[string]any) map[string]any {
+		tc := c
+		if x, ok := c["text_config"].(map[string]any); ok {
+			tc = x
+		}
+		for k, v := range map[string]any{"hidden_size": 16, "intermediate_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1,
+			"head_dim": 8, "vocab_size": 8, "num_experts": 2, "moe_intermediate_size": 8, "shared_expert_intermediate_size": 8,
+			"linear_num_key_heads": 1, "linear_num_value_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8} {
+			tc[k] = v
+		}
+		return c
+	}
 	for _, c := range []struct {
 		ga  string
 		cfg map[string]any
-	}{{"qwen3next", tinyConfig("qwen3_next")}, {"qwen35moe", tinyConfig("qwen3_5_moe")}} {
+	}{{"qwen3next", small(tinyConfig("qwen3_next"))}, {"qwen35moe", small(tinyConfig("qwen3_5_moe"))}} {
 		var top hfConfig
 		b, _ := json.Marshal(c.cfg)
 		json.Unmarshal(b, &top)
