@@ -245,6 +245,15 @@ func TestForwardMatchesReference(t *testing.T) {
 	}
 }
 
+// quantTolerance is the error allowed against the reference run on the
+// same stored weights: float32 rounding for the float formats; for the
+// quantized formats the kernels may also quantize activations to int8 in
+// blocks of 32 (as llama.cpp does), which adds about 1–3% of the logits'
+// RMS on these tiny models.
+var quantTolerance = map[quant.DType]float64{
+	quant.F16: 2e-5, quant.BF16: 2e-5, quant.Q8Row: 6e-2, quant.Q82F: 6e-2, quant.Q4TP: 6e-2,
+}
+
 // TestQuantizedForwardMatchesReference checks the kernels of every stored
 // format inside the whole forward pass: the reference decodes the same
 // stored weights, so only activation rounding differs.
@@ -257,11 +266,15 @@ func TestQuantizedForwardMatchesReference(t *testing.T) {
 				ids := prompt(11, V, 2)
 				got := forward(t, m, newCache(t, m, 16), ids, 0, model.AllLogits)
 				ref := newRefModel(t, cm).forward(ids)
+				var worst float64
 				for p := range ids {
-					if e := relErr(got[p*V:(p+1)*V], ref[p]); e > 2e-5 {
-						t.Fatalf("position %d: max error %.3g of the logits' RMS", p, e)
+					e := relErr(got[p*V:(p+1)*V], ref[p])
+					worst = max(worst, e)
+					if e > quantTolerance[q] {
+						t.Fatalf("position %d: max error %.3g of the logits' RMS (tolerance %g)", p, e, quantTolerance[q])
 					}
 				}
+				t.Logf("max error %.2g of the logits' RMS", worst)
 			})
 		}
 	}
