@@ -20,6 +20,12 @@ type dtypeKernel struct {
 	// decode writes row r into dst[:Cols] up to a per-row factor post that
 	// it returns: W[r,i] = post·dst[i] (times col[i] for q8_2f).
 	decode func(m *Mat, r int, dst []float32) (post float32)
+
+	// qx, when not qNone, says that the products run on int8 activations
+	// (quantx.go) in that layout through qrows, which sets y[lo:hi] to
+	// W[lo:hi,:]·x; dot and dot4 stay the float reference.
+	qx    qlayout
+	qrows func(m *Mat, lo, hi int, x qvec, y []float32)
 }
 
 var kernelTable = [...]dtypeKernel{
@@ -30,6 +36,45 @@ var kernelTable = [...]dtypeKernel{
 	quant.Q82F:  {dot: dotQ8, dot4: dot4Q8, decode: decodeQ8},
 	quant.Q4TP:  {dot: dotQ4TP, dot4: dot4Q4TP, decode: decodeQ4TP},
 }
+
+// genericTable is kernelTable as written above: the plain Go kernels.
+var genericTable = kernelTable
+
+// isaLevel is a set of kernels chosen for a CPU.
+type isaLevel int
+
+const (
+	isaGeneric isaLevel = iota // plain Go
+	isaAVX2                    // AVX2 + FMA + F16C
+	isaAVX512                  // AVX-512 F/BW/DQ/VL + VNNI
+)
+
+func (l isaLevel) String() string {
+	return [...]string{"generic", "avx2", "avx512"}[l]
+}
+
+// isa is the level in use, the best the CPU supports unless a test or
+// SetISA chose another.
+var isa isaLevel
+
+func init() { useISA(bestISA()) }
+
+// useISA installs the kernels of level l (at most the CPU's best) in
+// kernelTable, quantizeRow and dot4f, and returns the previous level. It
+// must not run concurrently with kernels.
+func useISA(l isaLevel) isaLevel {
+	prev := isa
+	l = min(l, bestISA())
+	kernelTable = genericTable
+	quantizeRow = quantizeRowGo
+	dot4f = dot4
+	installISA(l)
+	isa = l
+	return prev
+}
+
+// ISA names the kernel set in use: "avx512", "avx2" or "generic".
+func ISA() string { return isa.String() }
 
 // kernelFor returns the kernels of a format, nil if there are none.
 func kernelFor(d quant.DType) *dtypeKernel {
@@ -58,6 +103,10 @@ func Dot(a, b []float32) float32 {
 	}
 	return (s0 + s1) + (s2 + s3)
 }
+
+// dot4f is the MatMul inner kernel over decoded rows in use: dot4 or an
+// assembly twin.
+var dot4f = dot4
 
 // dot4 returns the dots of four equal-length rows with x, loading x once
 // (the MatMul inner kernel over decoded rows).

@@ -133,6 +133,24 @@ func refMatVec(t testing.TB, m *Mat, x []float32) []float32 {
 	return y
 }
 
+// refMatVecInt is the plain reference of the int8-activation path:
+// the reference quantizer and the integer row references.
+func refMatVecInt(m *Mat, x []float32) []float32 {
+	xs := x[:m.Cols]
+	if m.col != nil {
+		xs = make([]float32, m.Cols)
+		for i := range xs {
+			xs[i] = x[i] * m.col[i]
+		}
+	}
+	var qb qbatch
+	qb.reset(kernelTable[m.DType].qx, m.Cols, 1)
+	quantizeRowGo(xs, qb.pos(0), qb.layout)
+	y := make([]float32, m.Rows)
+	qrowsInt(m, 0, m.Rows, qb.pos(0), y)
+	return y
+}
+
 func closeRel(a, b []float32, tol float64) (int, bool) {
 	var scale float64
 	for _, v := range b {
@@ -159,8 +177,12 @@ func TestMatVecAndMatMul(t *testing.T) {
 					x := randVec(r, cols+3)[3:]
 					y := make([]float32, rows)
 					p.MatVec(m, x, y)
-					if i, ok := closeRel(y, refMatVec(t, m, x), 1e-5); !ok {
-						t.Fatalf("MatVec row %d: %g, reference %g", i, y[i], refMatVec(t, m, x)[i])
+					want := refMatVec(t, m, x)
+					if kernelTable[d].qx != qNone {
+						want = refMatVecInt(m, x)
+					}
+					if i, ok := closeRel(y, want, 1e-5); !ok {
+						t.Fatalf("MatVec row %d: %g, reference %g", i, y[i], want[i])
 					}
 					for _, n := range []int{2, 3, 33, 70} {
 						X := randVec(r, n*cols+1)[1:]

@@ -48,6 +48,19 @@ type side struct {
 	lad   []float32 // Q4TP: 32 rungs per row
 	codes []byte    // Q4TP: code section (Q4TPCodeStride bytes per row)
 	cstr  int       // Q4TP: code bytes per row
+	// Q4TP: a copy of the codes of the rows from codesEnd0 on, followed by
+	// 16 zero bytes, for kernels that read codes in 16-byte loads.
+	codesEnd  []byte
+	codesEnd0 int
+}
+
+// codePtr returns a pointer to row r's q4tp codes from which 16 bytes
+// past the row's last code byte are readable.
+func (m *Mat) codePtr(r int) *byte {
+	if r >= m.codesEnd0 {
+		return &m.codesEnd[(r-m.codesEnd0)*m.cstr]
+	}
+	return &m.codes[r*m.cstr]
 }
 
 // NewMat checks that data holds a rows×cols tensor of format d and
@@ -123,6 +136,8 @@ func (m *Mat) prepare() error {
 		po := m.Rows * gpr * 16
 		m.cstr = quant.Q4TPCodeStride(m.Cols)
 		m.codes = m.Data[po+4*m.Rows:]
+		m.codesEnd0 = max(0, m.Rows-16/m.cstr-1)
+		m.codesEnd = append(m.codes[m.codesEnd0*m.cstr:len(m.codes):len(m.codes)], make([]byte, 16)...)
 		m.lad = make([]float32, 32*m.Rows)
 		for r := 0; r < m.Rows; r++ {
 			a := half.F16ToF32(binary.LittleEndian.Uint16(m.Data[po+4*r:]))

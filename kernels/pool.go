@@ -27,6 +27,7 @@ type Pool struct {
 	closed  bool
 	scratch [][]float32 // per worker: decoded weight rows for MatMul
 	xc      []float32   // q8_2f: inputs times the column field
+	qb      qbatch      // int8 inputs of the quantized formats
 
 	mv matvecTask
 	mm matmulTask
@@ -149,6 +150,11 @@ func (p *Pool) MatVec(m *Mat, x, y []float32) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.mv = matvecTask{k: k, m: m, x: p.prescale(m, x[:m.Cols], 1), y: y}
+	if k.qx != qNone {
+		p.qb.reset(k.qx, m.Cols, 1)
+		p.qb.quantize(p.mv.x)
+		p.mv.q = &p.qb
+	}
 	p.run(m.Rows, 4, m.Rows*m.Cols, &p.mv)
 	p.mv = matvecTask{}
 }
@@ -157,9 +163,14 @@ type matvecTask struct {
 	k    *dtypeKernel
 	m    *Mat
 	x, y []float32
+	q    *qbatch // the quantized x when k.qx != qNone
 }
 
 func (t *matvecTask) Run(lo, hi, _ int) {
+	if t.q != nil {
+		t.k.qrows(t.m, lo, hi, t.q.pos(0), t.y)
+		return
+	}
 	dot, dot4, m, x, y := t.k.dot, t.k.dot4, t.m, t.x, t.y
 	r := lo
 	for ; r+4 <= hi; r += 4 {
@@ -191,6 +202,11 @@ func (p *Pool) MatMul(m *Mat, X []float32, n int, Y []float32) {
 		}
 	}
 	p.mm = matmulTask{k: k, m: m, x: p.prescale(m, X[:n*m.Cols], n), n: n, y: Y, scratch: p.scratch}
+	if k.qx != qNone {
+		p.qb.reset(k.qx, m.Cols, n)
+		p.qb.quantize(p.mm.x)
+		p.mm.q = &p.qb
+	}
 	p.run(m.Rows, 4, n*m.Rows*m.Cols, &p.mm)
 	p.mm = matmulTask{}
 }
@@ -206,10 +222,21 @@ type matmulTask struct {
 	n       int
 	y       []float32
 	scratch [][]float32
+	q       *qbatch // the quantized X when k.qx != qNone
 }
 
 func (t *matmulTask) Run(lo, hi, worker int) {
 	m, c, rows := t.m, t.m.Cols, t.m.Rows
+	if t.q != nil {
+		// Four weight rows stay in L1 while every position passes by.
+		for r := lo; r < hi; r += 4 {
+			r1 := min(r+4, hi)
+			for j := range t.n {
+				t.k.qrows(m, r, r1, t.q.pos(j), t.y[j*rows:(j+1)*rows])
+			}
+		}
+		return
+	}
 	buf := t.scratch[worker][:4*c]
 	w0, w1, w2, w3 := buf[:c], buf[c:2*c], buf[2*c:3*c], buf[3*c:]
 	for j0 := 0; j0 < t.n; j0 += matmulTile {
@@ -221,7 +248,7 @@ func (t *matmulTask) Run(lo, hi, worker int) {
 			p2 := t.k.decode(m, r+2, w2)
 			p3 := t.k.decode(m, r+3, w3)
 			for j := j0; j < j1; j++ {
-				a, b, cc, d := dot4(w0, w1, w2, w3, t.x[j*c:(j+1)*c])
+				a, b, cc, d := dot4f(w0, w1, w2, w3, t.x[j*c:(j+1)*c])
 				yr := t.y[j*rows+r : j*rows+r+4 : j*rows+r+4]
 				yr[0], yr[1], yr[2], yr[3] = a*p0, b*p1, cc*p2, d*p3
 			}

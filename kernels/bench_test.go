@@ -1,0 +1,151 @@
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Benchmarks per kernel and shape. MB/s is weight bytes streamed per
+// second (b.SetBytes(weight bytes)), so it reads as memory bandwidth;
+// the shapes are Llama-3.2-1B's matrices (q/o, gate/up, down, head).
+//
+//	go test ./kernels -run XXX -bench . -benchtime 2s
+var benchShapes = [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}}
+
+// benchMat encodes a rows×cols matrix quickly: random stored bytes with
+// sane scales (encoding a 128256-row q4tp matrix takes minutes).
+func benchMat(b *testing.B, r *rand.Rand, d quant.DType, rows, cols int) *Mat {
+	b.Helper()
+	if d == quant.Q4TP || d == quant.Q8Row {
+		n, err := quant.ExpectedBytes(d, []int{rows, cols})
+		if err != nil {
+			b.Fatal(err)
+		}
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		if d == quant.Q4TP { // ladders: a = -10, b = 0.25 (f16)
+			po := rows * cols / 2
+			for i := range rows {
+				data[po+4*i], data[po+4*i+1], data[po+4*i+2], data[po+4*i+3] = 0x00, 0xc9, 0x00, 0x34
+			}
+		} else { // scales 0.01
+			for i := range rows {
+				data[rows*cols+2*i], data[rows*cols+2*i+1] = 0x1f, 0x21
+			}
+		}
+		m, err := NewMat(d, rows, cols, data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return m
+	}
+	m, _ := randMat(b, r, d, rows, cols)
+	return m
+}
+
+// BenchmarkRows is one worker's row kernel over a whole matrix (no pool,
+// input already quantized): the kernel's own speed.
+func BenchmarkRows(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, sh := range benchShapes {
+		for _, d := range []quant.DType{quant.Q8Row, quant.Q4TP, quant.BF16, quant.F16, quant.F32} {
+			if sh[0] > 8192 && d != quant.Q8Row && d != quant.Q4TP {
+				continue
+			}
+			m := benchMat(b, r, d, sh[0], sh[1])
+			x, y := randVec(r, sh[1]), make([]float32, sh[0])
+			k := kernelFor(d)
+			var qb qbatch
+			if k.qx != qNone {
+				qb.reset(k.qx, m.Cols, 1)
+				qb.quantize(x)
+			}
+			b.Run(fmt.Sprintf("%s/%s/%dx%d", ISA(), d, sh[0], sh[1]), func(b *testing.B) {
+				b.SetBytes(int64(len(m.Data)))
+				t := matvecTask{k: k, m: m, x: x, y: y}
+				if k.qx != qNone {
+					t.q = &qb
+				}
+				for b.Loop() {
+					t.Run(0, m.Rows, 0)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMatVecShapes is Pool.MatVec with the default pool (quantizing
+// the input, splitting rows over the workers).
+func BenchmarkMatVecShapes(b *testing.B) {
+	r := rand.New(rand.NewPCG(2, 2))
+	p := NewPool(0)
+	defer p.Close()
+	for _, sh := range benchShapes {
+		for _, d := range []quant.DType{quant.Q8Row, quant.Q4TP, quant.BF16} {
+			if sh[0] > 8192 && d == quant.BF16 {
+				continue
+			}
+			m := benchMat(b, r, d, sh[0], sh[1])
+			x, y := randVec(r, sh[1]), make([]float32, sh[0])
+			b.Run(fmt.Sprintf("%s/%s/%dx%d/t%d", ISA(), d, sh[0], sh[1], p.Workers()), func(b *testing.B) {
+				b.SetBytes(int64(len(m.Data)))
+				for b.Loop() {
+					p.MatVec(m, x, y)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkQuantize is the activation quantizer per input length.
+func BenchmarkQuantize(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, n := range []int{2048, 8192} {
+		for _, l := range []qlayout{qPlain, qNib} {
+			x := randVec(r, n)
+			var qb qbatch
+			qb.reset(l, n, 1)
+			b.Run(fmt.Sprintf("%s/%d/layout%d", ISA(), n, l), func(b *testing.B) {
+				b.SetBytes(int64(4 * n))
+				for b.Loop() {
+					qb.quantize(x)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPrefill is Pool.MatMul over the layer matrices of a 1B-shaped
+// model at 128 positions, reported as tokens per second of those
+// matrices (one layer; the head is left out).
+func BenchmarkPrefill(b *testing.B) {
+	r := rand.New(rand.NewPCG(4, 4))
+	p := NewPool(0)
+	defer p.Close()
+	const n = 128
+	for _, d := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+		var ms []*Mat
+		var bytes int64
+		for _, sh := range [][2]int{{2048, 2048}, {512, 2048}, {512, 2048}, {2048, 2048}, {8192, 2048}, {8192, 2048}, {2048, 8192}} {
+			m := benchMat(b, r, d, sh[0], sh[1])
+			ms = append(ms, m)
+			bytes += int64(len(m.Data))
+		}
+		X, Y := randVec(r, n*8192), make([]float32, n*8192)
+		b.Run(fmt.Sprintf("%s/%s/layer/n%d", ISA(), d, n), func(b *testing.B) {
+			b.SetBytes(bytes)
+			for b.Loop() {
+				for _, m := range ms {
+					p.MatMul(m, X, n, Y)
+				}
+			}
+			// 16 layers of a 1B model and no head: tok/s of the layers.
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds()/16, "tok/s")
+		})
+	}
+}

@@ -1,0 +1,120 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import (
+	"golang.org/x/sys/cpu"
+
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Assembly kernels (dot_amd64.s). Each reads exactly the rows it is given
+// (tails through masked loads), the quantized input in full padded chunks
+// (qbatch pads to qpad), and writes four float32 results.
+
+// q8Dot4AVX512 sets out[i] = Σ_j w[i·stride+j]·q[j]·d[j/32] over j < n for
+// int8 weights w (rows i = 0..3; stride 0 repeats one row) and an input in
+// qPlain layout (bias s = -128·Σq per block). The row scales are applied
+// by the caller.
+//
+//go:noescape
+func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, out *[4]float32)
+
+// q4row locates one q4tp row for q4tpDot4AVX512.
+type q4row struct {
+	nib   *byte    // the row's nibbles
+	codes *byte    // its codes; 16 bytes from each multiple of 10 below the code stride must be readable
+	lad   *float32 // its 32 rungs
+}
+
+// q4tpDot4AVX512 sets out[i] to the q4tp dot of rows[i] (gpr groups) with
+// an input in qNib layout whose scales and biases are readable in whole
+// multiples of 16 blocks.
+//
+//go:noescape
+func q4tpDot4AVX512(rows *[4]q4row, gpr int, x *byte, d *float32, s *int32, out *[4]float32)
+
+// quantizeAVX512 is quantizeRowGo for n values (qNib when nib) with bias
+// shift shift, writing only the blocks.
+//
+//go:noescape
+func quantizeAVX512(x *float32, n int, q *byte, d *float32, s *int32, shift int, nib bool)
+
+func bestISA() isaLevel {
+	x := &cpu.X86
+	switch {
+	case x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasAVX512VNNI:
+		return isaAVX512
+	case x.HasAVX2 && x.HasFMA && x.HasF16C:
+		return isaAVX2
+	}
+	return isaGeneric
+}
+
+func installISA(l isaLevel) {
+	if l < isaAVX512 {
+		return
+	}
+	quantizeRow = quantizeRowAVX512
+	for _, d := range []quant.DType{quant.Q8Row, quant.Q82F} {
+		kernelTable[d].qx, kernelTable[d].qrows = qPlain, q8RowsAVX512
+	}
+	kernelTable[quant.Q4TP].qx, kernelTable[quant.Q4TP].qrows = qNib, q4tpRowsAVX512
+}
+
+func quantizeRowAVX512(x []float32, v qvec, l qlayout) {
+	if len(x) == 0 {
+		return
+	}
+	nb := (len(x) + qblock - 1) / qblock
+	_, _, _ = v.q[nb*qblock-1], v.d[nb-1], v.s[nb-1]
+	quantizeAVX512(&x[0], len(x), &v.q[0], &v.d[0], &v.s[0], int(l.biasShift()), l == qNib)
+}
+
+// q8RowsAVX512 sets y[lo:hi] for q8_row and q8_2f (x quantized from the
+// prescaled input).
+func q8RowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
+	c := m.Cols
+	_, _, _ = x.q[(c+63)/64*64-1], x.d[(c+63)/64*2-1], x.s[(c+63)/64*2-1]
+	_, _ = m.Data[hi*c-1], y[hi-1]
+	var out [4]float32
+	r := lo
+	for ; r+4 <= hi; r += 4 {
+		q8Dot4AVX512(&m.Data[r*c], c, c, &x.q[0], &x.d[0], &x.s[0], &out)
+		s := m.scale[r : r+4 : r+4]
+		y[r], y[r+1], y[r+2], y[r+3] = out[0]*s[0], out[1]*s[1], out[2]*s[2], out[3]*s[3]
+	}
+	for ; r < hi; r++ {
+		q8Dot4AVX512(&m.Data[r*c], 0, c, &x.q[0], &x.d[0], &x.s[0], &out)
+		y[r] = out[0] * m.scale[r]
+	}
+}
+
+// q4tpRowsAVX512 sets y[lo:hi] for q4tp.
+func q4tpRowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
+	gpr := m.Cols / quant.GroupSize
+	nb := 16 * gpr
+	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[(gpr+15)/16*16-1], x.s[(gpr+15)/16*16-1]
+	_, _, _ = m.Data[hi*nb-1], m.lad[32*hi-1], y[hi-1]
+	var out [4]float32
+	var rs [4]q4row
+	r := lo
+	for ; r+4 <= hi; r += 4 {
+		for i := range rs {
+			rs[i] = q4row{&m.Data[(r+i)*nb], m.codePtr(r + i), &m.lad[32*(r+i)]}
+		}
+		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
+		y[r], y[r+1], y[r+2], y[r+3] = out[0], out[1], out[2], out[3]
+	}
+	for ; r < hi; r++ {
+		rs[0] = q4row{&m.Data[r*nb], m.codePtr(r), &m.lad[32*r]}
+		rs[1], rs[2], rs[3] = rs[0], rs[0], rs[0]
+		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
+		y[r] = out[0]
+	}
+}
+
+// streamAVX512 reads n bytes (a multiple of 256) and returns a checksum.
+//
+//go:noescape
+func streamAVX512(p *byte, n int) uint64

@@ -1,0 +1,562 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// PFAHEAD is how far past the four rows a kernel is reading (bytes) it
+// prefetches: the rows of a block are read as four streams, which the
+// hardware prefetchers follow poorly; software prefetches walk the bytes
+// of the next block linearly instead, 256 per 256 bytes consumed.
+#define PFAHEAD 8192
+
+// AVX-512 kernels (F, BW, VL, VNNI). Each computes four dot products of
+// consecutive weight rows with one input vector, so the input is loaded
+// once per four rows; the Go wrappers in dot_amd64.go document the
+// contracts and are tested against the plain Go references.
+
+// Lane index tables for VPERMD/VPERMPS.
+DATA idx2x8<>+0x00(SB)/8, $0x0000000000000000
+DATA idx2x8<>+0x08(SB)/8, $0x0000000000000000
+DATA idx2x8<>+0x10(SB)/8, $0x0000000000000000
+DATA idx2x8<>+0x18(SB)/8, $0x0000000000000000
+DATA idx2x8<>+0x20(SB)/8, $0x0000000100000001
+DATA idx2x8<>+0x28(SB)/8, $0x0000000100000001
+DATA idx2x8<>+0x30(SB)/8, $0x0000000100000001
+DATA idx2x8<>+0x38(SB)/8, $0x0000000100000001
+GLOBL idx2x8<>(SB), RODATA|NOPTR, $64
+
+// Even and odd lane indexes over two 16-lane tables.
+DATA idxEven<>+0x00(SB)/8, $0x0000000200000000
+DATA idxEven<>+0x08(SB)/8, $0x0000000600000004
+DATA idxEven<>+0x10(SB)/8, $0x0000000a00000008
+DATA idxEven<>+0x18(SB)/8, $0x0000000e0000000c
+DATA idxEven<>+0x20(SB)/8, $0x0000001200000010
+DATA idxEven<>+0x28(SB)/8, $0x0000001600000014
+DATA idxEven<>+0x30(SB)/8, $0x0000001a00000018
+DATA idxEven<>+0x38(SB)/8, $0x0000001e0000001c
+GLOBL idxEven<>(SB), RODATA|NOPTR, $64
+
+DATA idxOdd<>+0x00(SB)/8, $0x0000000300000001
+DATA idxOdd<>+0x08(SB)/8, $0x0000000700000005
+DATA idxOdd<>+0x10(SB)/8, $0x0000000b00000009
+DATA idxOdd<>+0x18(SB)/8, $0x0000000f0000000d
+DATA idxOdd<>+0x20(SB)/8, $0x0000001300000011
+DATA idxOdd<>+0x28(SB)/8, $0x0000001700000015
+DATA idxOdd<>+0x30(SB)/8, $0x0000001b00000019
+DATA idxOdd<>+0x38(SB)/8, $0x0000001f0000001d
+GLOBL idxOdd<>(SB), RODATA|NOPTR, $64
+
+// HSUM4 reduces the float32 accumulators Z0..Z3 to their four lane sums in
+// X0 (Z4..Z7 clobbered).
+#define HSUM4 \
+	VEXTRACTF32X8 $1, Z0, Y4; \
+	VEXTRACTF32X8 $1, Z1, Y5; \
+	VEXTRACTF32X8 $1, Z2, Y6; \
+	VEXTRACTF32X8 $1, Z3, Y7; \
+	VADDPS        Y4, Y0, Y0; \
+	VADDPS        Y5, Y1, Y1; \
+	VADDPS        Y6, Y2, Y2; \
+	VADDPS        Y7, Y3, Y3; \
+	VHADDPS       Y1, Y0, Y0; \
+	VHADDPS       Y3, Y2, Y2; \
+	VHADDPS       Y2, Y0, Y0; \
+	VEXTRACTF128  $1, Y0, X1; \
+	VADDPS        X1, X0, X0
+
+// Q8ROW is one row of q8Dot4AVX512 over a 64-byte chunk: the weights
+// (masked by K1) made unsigned by flipping their top bit, times the int8
+// inputs in Z4, accumulated in int32 from the bias Z6, converted and
+// scaled by the block scales Z5 into the float32 accumulator acc.
+#define Q8ROW(addr, t, a, acc) \
+	VMOVDQU8.Z  addr, K1, t; \
+	VPXORD      Z31, t, t; \
+	VMOVDQA64   Z6, a; \
+	VPDPBUSD    Z4, t, a; \
+	VCVTDQ2PS   a, a; \
+	VFMADD231PS Z5, a, acc
+
+// func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, out *[4]float32)
+TEXT ·q8Dot4AVX512(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ stride+8(FP), BX
+	MOVQ n+16(FP), CX
+	MOVQ x+24(FP), SI
+	MOVQ d+32(FP), DI
+	MOVQ s+40(FP), R8
+	LEAQ (AX)(BX*2), DX
+	ADDQ BX, DX
+	LEAQ PFAHEAD(DX)(BX*1), R11
+
+	MOVL         $0x80808080, R9
+	VPBROADCASTD R9, Z31
+	VMOVDQU32    idx2x8<>(SB), Z30
+	MOVL         $0x0101, R9
+	KMOVW        R9, K2
+	KXNORQ       K1, K1, K1
+	VPXORD       Z0, Z0, Z0
+	VPXORD       Z1, Z1, Z1
+	VPXORD       Z2, Z2, Z2
+	VPXORD       Z3, Z3, Z3
+
+	MOVQ CX, R10
+	SHRQ $6, R10
+	JZ   q8tail
+
+q8loop:
+	PREFETCHT0 (R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	ADDQ       $256, R11
+	VMOVDQU8 (SI), Z4
+	VMOVQ    (DI), X5
+	VPERMD   Z5, Z30, Z5
+	VMOVQ    (R8), X6
+	VPERMD.Z Z6, Z30, K2, Z6
+	Q8ROW((AX), Z7, Z8, Z0)
+	Q8ROW((AX)(BX*1), Z9, Z10, Z1)
+	Q8ROW((AX)(BX*2), Z11, Z12, Z2)
+	Q8ROW((DX), Z13, Z14, Z3)
+	ADDQ     $64, AX
+	ADDQ     $64, DX
+	ADDQ     $64, SI
+	ADDQ     $8, DI
+	ADDQ     $8, R8
+	DECQ     R10
+	JNZ      q8loop
+
+q8tail:
+	ANDQ  $63, CX
+	JZ    q8done
+	MOVQ  $1, R9
+	SHLQ  CX, R9
+	DECQ  R9
+	KMOVQ R9, K1
+	VMOVDQU8 (SI), Z4
+	VMOVQ    (DI), X5
+	VPERMD   Z5, Z30, Z5
+	VMOVQ    (R8), X6
+	VPERMD.Z Z6, Z30, K2, Z6
+	Q8ROW((AX), Z7, Z8, Z0)
+	Q8ROW((AX)(BX*1), Z9, Z10, Z1)
+	Q8ROW((AX)(BX*2), Z11, Z12, Z2)
+	Q8ROW((DX), Z13, Z14, Z3)
+
+q8done:
+	HSUM4
+	MOVQ    out+48(FP), AX
+	VMOVUPS X0, (AX)
+	VZEROUPPER
+	RET
+
+// Code extraction for 16 groups: VPSHUFB gathers into dword lane j the two
+// code bytes holding bits 5j..5j+4 (bytes 5j/8 and 5j/8+1 of the 10), and
+// VPSRLVD shifts them down by 5j%8.
+DATA codeBytes<>+0x00(SB)/8, $0x8080010080800100
+DATA codeBytes<>+0x08(SB)/8, $0x8080020180800201
+DATA codeBytes<>+0x10(SB)/8, $0x8080040380800302
+DATA codeBytes<>+0x18(SB)/8, $0x8080050480800403
+DATA codeBytes<>+0x20(SB)/8, $0x8080060580800605
+DATA codeBytes<>+0x28(SB)/8, $0x8080070680800706
+DATA codeBytes<>+0x30(SB)/8, $0x8080090880800807
+DATA codeBytes<>+0x38(SB)/8, $0x80800a0980800908
+GLOBL codeBytes<>(SB), RODATA|NOPTR, $64
+
+DATA codeShift16<>+0x00(SB)/8, $0x0000000500000000
+DATA codeShift16<>+0x08(SB)/8, $0x0000000700000002
+DATA codeShift16<>+0x10(SB)/8, $0x0000000100000004
+DATA codeShift16<>+0x18(SB)/8, $0x0000000300000006
+DATA codeShift16<>+0x20(SB)/8, $0x0000000500000000
+DATA codeShift16<>+0x28(SB)/8, $0x0000000700000002
+DATA codeShift16<>+0x30(SB)/8, $0x0000000100000004
+DATA codeShift16<>+0x38(SB)/8, $0x0000000300000006
+GLOBL codeShift16<>(SB), RODATA|NOPTR, $64
+
+// Lanes 4k..4k+3 take element 4·0+k: the scales of chunk 0 of 4.
+DATA chunkIdx0<>+0x00(SB)/8, $0x0000000000000000
+DATA chunkIdx0<>+0x08(SB)/8, $0x0000000000000000
+DATA chunkIdx0<>+0x10(SB)/8, $0x0000000100000001
+DATA chunkIdx0<>+0x18(SB)/8, $0x0000000100000001
+DATA chunkIdx0<>+0x20(SB)/8, $0x0000000200000002
+DATA chunkIdx0<>+0x28(SB)/8, $0x0000000200000002
+DATA chunkIdx0<>+0x30(SB)/8, $0x0000000300000003
+DATA chunkIdx0<>+0x38(SB)/8, $0x0000000300000003
+GLOBL chunkIdx0<>(SB), RODATA|NOPTR, $64
+
+// Lanes 4k..4k+3 take element 4·1+k: the scales of chunk 1 of 4.
+DATA chunkIdx1<>+0x00(SB)/8, $0x0000000400000004
+DATA chunkIdx1<>+0x08(SB)/8, $0x0000000400000004
+DATA chunkIdx1<>+0x10(SB)/8, $0x0000000500000005
+DATA chunkIdx1<>+0x18(SB)/8, $0x0000000500000005
+DATA chunkIdx1<>+0x20(SB)/8, $0x0000000600000006
+DATA chunkIdx1<>+0x28(SB)/8, $0x0000000600000006
+DATA chunkIdx1<>+0x30(SB)/8, $0x0000000700000007
+DATA chunkIdx1<>+0x38(SB)/8, $0x0000000700000007
+GLOBL chunkIdx1<>(SB), RODATA|NOPTR, $64
+
+// Lanes 4k..4k+3 take element 4·2+k: the scales of chunk 2 of 4.
+DATA chunkIdx2<>+0x00(SB)/8, $0x0000000800000008
+DATA chunkIdx2<>+0x08(SB)/8, $0x0000000800000008
+DATA chunkIdx2<>+0x10(SB)/8, $0x0000000900000009
+DATA chunkIdx2<>+0x18(SB)/8, $0x0000000900000009
+DATA chunkIdx2<>+0x20(SB)/8, $0x0000000a0000000a
+DATA chunkIdx2<>+0x28(SB)/8, $0x0000000a0000000a
+DATA chunkIdx2<>+0x30(SB)/8, $0x0000000b0000000b
+DATA chunkIdx2<>+0x38(SB)/8, $0x0000000b0000000b
+GLOBL chunkIdx2<>(SB), RODATA|NOPTR, $64
+
+// Lanes 4k..4k+3 take element 4·3+k: the scales of chunk 3 of 4.
+DATA chunkIdx3<>+0x00(SB)/8, $0x0000000c0000000c
+DATA chunkIdx3<>+0x08(SB)/8, $0x0000000c0000000c
+DATA chunkIdx3<>+0x10(SB)/8, $0x0000000d0000000d
+DATA chunkIdx3<>+0x18(SB)/8, $0x0000000d0000000d
+DATA chunkIdx3<>+0x20(SB)/8, $0x0000000e0000000e
+DATA chunkIdx3<>+0x28(SB)/8, $0x0000000e0000000e
+DATA chunkIdx3<>+0x30(SB)/8, $0x0000000f0000000f
+DATA chunkIdx3<>+0x38(SB)/8, $0x0000000f0000000f
+GLOBL chunkIdx3<>(SB), RODATA|NOPTR, $64
+
+// Q4SCALES computes a row's scales for the next 16 groups into sc: the
+// 80 code bits at the row's code pointer plus SI give 16 rung indexes,
+// which pick rungs from the row's ladder (masked by K3 past the row's
+// end) times the block scales Z22 (coff, loff: offsets of the row's code
+// and ladder pointers in the q4row array rows); the groups' biases Z23 (-8·Σq) times
+// those scales go to acc.
+#define Q4SCALES(coff, loff, sc, acc) \
+	MOVQ            rows+0(FP), AX; \
+	MOVQ            coff(AX), AX; \
+	VBROADCASTI32X4 (AX)(SI*1), Z10; \
+	VPSHUFB         Z28, Z10, Z10; \
+	VPSRLVD         Z29, Z10, Z10; \
+	MOVQ            rows+0(FP), AX; \
+	MOVQ            loff(AX), AX; \
+	VMOVUPS         (AX), Z30; \
+	VPERMI2PS.Z     64(AX), Z30, K3, Z10; \
+	VMULPS          Z22, Z10, sc; \
+	VFMADD231PS     Z23, sc, acc
+
+// Q4ROW is one row over a chunk of 4 groups: the 64 nibble bytes at nib
+// (masked by K1) split into low (even weights) and high (odd weights)
+// nibbles, dotted with the inputs Z4 (even) and Z5 (odd) in int32, then
+// converted and scaled by the chunk's lanes of the row's scales sc.
+#define Q4ROW(nib, sc, idx, n, h, a, acc) \
+	VMOVDQU8.Z  (nib), K1, n; \
+	VPSRLW      $4, n, h; \
+	VPANDD      Z31, n, n; \
+	VPANDD      Z31, h, h; \
+	VPXORD      a, a, a; \
+	VPDPBUSD    Z4, n, a; \
+	VPDPBUSD    Z5, h, a; \
+	VPERMPS     sc, idx, h; \
+	VCVTDQ2PS   a, a; \
+	VFMADD231PS h, a, acc
+
+// Q4CHUNK runs the four rows over one chunk, advances, leaves when no
+// chunk remains and masks the nibbles of the last one by BX. DX walks
+// the prefetches.
+#define Q4CHUNK(idx) \
+	PREFETCHT0 (DX); \
+	PREFETCHT0 64(DX); \
+	PREFETCHT0 128(DX); \
+	PREFETCHT0 192(DX); \
+	ADDQ     $256, DX; \
+	VMOVDQU8 (DI), Z4; \
+	VMOVDQU8 64(DI), Z5; \
+	Q4ROW(R8, Z6, idx, Z10, Z11, Z12, Z0); \
+	Q4ROW(R9, Z7, idx, Z13, Z14, Z15, Z1); \
+	Q4ROW(R10, Z8, idx, Z16, Z17, Z18, Z2); \
+	Q4ROW(R11, Z9, idx, Z19, Z20, Z21, Z3); \
+	ADDQ    $64, R8; \
+	ADDQ    $64, R9; \
+	ADDQ    $64, R10; \
+	ADDQ    $64, R11; \
+	ADDQ    $128, DI; \
+	DECQ    CX; \
+	JZ      q4done; \
+	MOVQ    $-1, AX; \
+	CMPQ    CX, $1; \
+	CMOVQEQ BX, AX; \
+	KMOVQ   AX, K1
+
+// func q4tpDot4AVX512(rows *[4]q4row, gpr int, x *byte, d *float32, s *int32, out *[4]float32)
+TEXT ·q4tpDot4AVX512(SB), NOSPLIT, $0-48
+	MOVQ rows+0(FP), DX
+	MOVQ 0(DX), R8
+	MOVQ 24(DX), R9
+	MOVQ 48(DX), R10
+	MOVQ 72(DX), R11
+	MOVQ gpr+8(FP), BX
+	MOVQ BX, AX
+	SHLQ $4, AX
+	LEAQ PFAHEAD(R11)(AX*1), DX
+	MOVQ x+16(FP), DI
+	MOVQ d+24(FP), R12
+	MOVQ s+32(FP), R13
+
+	// K5: the lanes (groups) of the last 16 that exist.
+	MOVQ   BX, CX
+	ANDQ   $15, CX
+	KXNORW K5, K5, K5
+	JZ     q4m1
+	MOVL   $1, AX
+	SHLL   CX, AX
+	DECL   AX
+	KMOVW  AX, K5
+
+q4m1:
+	// CX: chunks of 4 groups; BX: the nibble-byte mask of the last one.
+	LEAQ 3(BX), CX
+	SHRQ $2, CX
+	ANDQ $3, BX
+	JNZ  q4m2
+	MOVQ $4, BX
+q4m2:
+	SHLQ   $4, BX
+	MOVQ   BX, AX
+	MOVQ   $-1, BX
+	CMPQ   AX, $64
+	JEQ    q4m3
+	MOVQ   CX, SI
+	MOVQ   AX, CX
+	MOVQ   $1, BX
+	SHLQ   CX, BX
+	DECQ   BX
+	MOVQ   SI, CX
+q4m3:
+	MOVQ    $-1, AX
+	CMPQ    CX, $1
+	CMOVQEQ BX, AX
+	KMOVQ   AX, K1
+	KXNORW  K3, K3, K3
+
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z31
+	VMOVDQU32    codeBytes<>(SB), Z28
+	VMOVDQU32    codeShift16<>(SB), Z29
+	VMOVDQU32    chunkIdx0<>(SB), Z24
+	VMOVDQU32    chunkIdx1<>(SB), Z25
+	VMOVDQU32    chunkIdx2<>(SB), Z26
+	VMOVDQU32    chunkIdx3<>(SB), Z27
+	VPXORD       Z0, Z0, Z0
+	VPXORD       Z1, Z1, Z1
+	VPXORD       Z2, Z2, Z2
+	VPXORD       Z3, Z3, Z3
+	XORQ         SI, SI // code byte offset of the 16 groups: 10 per 16
+
+q4super:
+	CMPQ  CX, $4
+	JGT   q4s1
+	KMOVW K5, K3
+q4s1:
+	VMOVUPS   (R12), Z22
+	VCVTDQ2PS (R13), Z23
+	Q4SCALES(8, 16, Z6, Z0)
+	Q4SCALES(32, 40, Z7, Z1)
+	Q4SCALES(56, 64, Z8, Z2)
+	Q4SCALES(80, 88, Z9, Z3)
+	Q4CHUNK(Z24)
+	Q4CHUNK(Z25)
+	Q4CHUNK(Z26)
+	Q4CHUNK(Z27)
+	ADDQ $10, SI
+	ADDQ $64, R12
+	ADDQ $64, R13
+	JMP  q4super
+
+q4done:
+	HSUM4
+	MOVQ    out+40(FP), AX
+	VMOVUPS X0, (AX)
+	VZEROUPPER
+	RET
+
+// func quantizeAVX512(x *float32, n int, q *byte, d *float32, s *int32, shift int, nib bool)
+//
+// Quantizes x[:n] block by block exactly as quantizeRowGo (the same float32
+// operations, round to nearest even); writes only the blocks themselves.
+TEXT ·quantizeAVX512(SB), NOSPLIT, $0-49
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), R8
+	MOVQ q+16(FP), DI
+	MOVQ d+24(FP), R9
+	MOVQ s+32(FP), R10
+	MOVQ shift+40(FP), CX
+	MOVBQZX nib+48(FP), R11
+
+	MOVL         $0x7fffffff, AX
+	VPBROADCASTD AX, Z31
+	MOVL         $0x42fe0000, AX // 127.0
+	VMOVD        AX, X30
+	MOVL         $0x03800000, AX // 0x1p-120
+	VMOVD        AX, X29
+	VMOVDQU32    idxEven<>(SB), Z28
+	VMOVDQU32    idxOdd<>(SB), Z27
+	XORQ         BX, BX // block index
+
+qloop:
+	CMPQ R8, $0
+	JLE  qdone
+	// Masks for up to 32 remaining values: K1 the first 16, K2 the rest.
+	CMPQ   R8, $32
+	JLT    qpartial
+	KXNORW K1, K1, K1
+	KXNORW K2, K2, K2
+	JMP    qload
+
+qpartial:
+	MOVQ  R8, DX
+	CMPQ  DX, $16
+	JLE   qp1
+	MOVQ  $16, DX
+qp1:
+	MOVQ  CX, R12
+	MOVQ  DX, CX
+	MOVL  $1, AX
+	SHLL  CX, AX
+	DECL  AX
+	KMOVW AX, K1
+	MOVQ  R8, CX
+	SUBQ  $16, CX
+	MOVL  $0, AX
+	JLE   qp2
+	MOVL  $1, AX
+	SHLL  CX, AX
+	DECL  AX
+qp2:
+	KMOVW AX, K2
+	MOVQ  R12, CX
+
+qload:
+	VMOVUPS.Z (SI), K1, Z0
+	VMOVUPS.Z 64(SI), K2, Z1
+	VANDPS    Z31, Z0, Z2
+	VANDPS    Z31, Z1, Z3
+	VMAXPS    Z3, Z2, Z2
+	VEXTRACTF32X8 $1, Z2, Y3
+	VMAXPS    Y3, Y2, Y2
+	VEXTRACTF128 $1, Y2, X3
+	VMAXPS    X3, X2, X2
+	VPERMILPS $0x4e, X2, X3
+	VMAXPS    X3, X2, X2
+	VPERMILPS $0xb1, X2, X3
+	VMAXPS    X3, X2, X2
+
+	// Output addresses: plain blocks at 32·b; q4tp chunks at 128·(b/4),
+	// even values at +16·(b%4), odd ones 64 bytes further.
+	MOVQ BX, R13
+	SHLQ $5, R13
+	TESTQ R11, R11
+	JZ   qaddr
+	MOVQ BX, R13
+	SHRQ $2, R13
+	SHLQ $7, R13
+	MOVQ BX, AX
+	ANDQ $3, AX
+	SHLQ $4, AX
+	ADDQ AX, R13
+
+qaddr:
+	VUCOMISS X29, X2
+	JCS      qzero
+
+	VDIVSS       X30, X2, X4 // d = absmax/127
+	VDIVSS       X2, X30, X5 // 127/absmax
+	VBROADCASTSS X5, Z5
+	VMULPS       Z5, Z0, Z0
+	VMULPS       Z5, Z1, Z1
+	VCVTPS2DQ    Z0, Z0
+	VCVTPS2DQ    Z1, Z1
+	VPADDD       Z1, Z0, Z6
+	VEXTRACTI32X8 $1, Z6, Y7
+	VPADDD       Y7, Y6, Y6
+	VEXTRACTI128 $1, Y6, X7
+	VPADDD       X7, X6, X6
+	VPSHUFD      $0x4e, X6, X7
+	VPADDD       X7, X6, X6
+	VPSHUFD      $0xb1, X6, X7
+	VPADDD       X7, X6, X6
+	VMOVD        X6, AX
+	SHLL         CX, AX
+	NEGL         AX
+	MOVL         AX, (R10)(BX*4)
+	VMOVSS       X4, (R9)(BX*4)
+	TESTQ        R11, R11
+	JNZ          qnib
+	VPMOVSDB     Z0, X8
+	VPMOVSDB     Z1, X9
+	VMOVDQU      X8, (DI)(R13*1)
+	VMOVDQU      X9, 16(DI)(R13*1)
+	JMP          qnext
+
+qnib:
+	VMOVDQA64 Z28, Z8
+	VPERMI2D  Z1, Z0, Z8
+	VMOVDQA64 Z27, Z9
+	VPERMI2D  Z1, Z0, Z9
+	VPMOVSDB  Z8, X8
+	VPMOVSDB  Z9, X9
+	VMOVDQU   X8, (DI)(R13*1)
+	VMOVDQU   X9, 64(DI)(R13*1)
+	JMP       qnext
+
+qzero:
+	MOVL    $0, (R10)(BX*4)
+	MOVL    $0, (R9)(BX*4)
+	VPXORD  X8, X8, X8
+	TESTQ   R11, R11
+	JNZ     qzeronib
+	VMOVDQU X8, (DI)(R13*1)
+	VMOVDQU X8, 16(DI)(R13*1)
+	JMP     qnext
+
+qzeronib:
+	VMOVDQU X8, (DI)(R13*1)
+	VMOVDQU X8, 64(DI)(R13*1)
+
+qnext:
+	ADDQ $128, SI
+	SUBQ $32, R8
+	INCQ BX
+	JMP  qloop
+
+qdone:
+	VZEROUPPER
+	RET
+
+// func streamAVX512(p *byte, n int) uint64
+//
+// Reads n bytes (a multiple of 256) with 64-byte loads and returns a
+// checksum: the machine's read bandwidth for BenchmarkStream.
+TEXT ·streamAVX512(SB), NOSPLIT, $0-24
+	MOVQ   p+0(FP), SI
+	MOVQ   n+8(FP), CX
+	SHRQ   $8, CX
+	VPXORQ Z0, Z0, Z0
+	VPXORQ Z1, Z1, Z1
+	VPXORQ Z2, Z2, Z2
+	VPXORQ Z3, Z3, Z3
+	TESTQ  CX, CX
+	JZ     sdone
+
+sloop:
+	VPXORQ (SI), Z0, Z0
+	VPXORQ 64(SI), Z1, Z1
+	VPXORQ 128(SI), Z2, Z2
+	VPXORQ 192(SI), Z3, Z3
+	ADDQ   $256, SI
+	DECQ   CX
+	JNZ    sloop
+
+sdone:
+	VPXORQ Z1, Z0, Z0
+	VPXORQ Z3, Z2, Z2
+	VPXORQ Z2, Z0, Z0
+	VEXTRACTI64X4 $1, Z0, Y1
+	VPXORQ Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPXORQ X1, X0, X0
+	VMOVQ  X0, AX
+	VPEXTRQ $1, X0, BX
+	XORQ   BX, AX
+	MOVQ   AX, ret+16(FP)
+	VZEROUPPER
+	RET

@@ -1,0 +1,408 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cortiq/cortiq/half"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// isaLevels returns the kernel sets this CPU can run, generic first.
+func isaLevels() []isaLevel {
+	var ls []isaLevel
+	for l := isaGeneric; l <= bestISA(); l++ {
+		ls = append(ls, l)
+	}
+	return ls
+}
+
+// withISA runs f with the kernels of level l installed.
+func withISA(t testing.TB, l isaLevel, f func()) {
+	t.Helper()
+	prev := useISA(l)
+	defer useISA(prev)
+	f()
+}
+
+var intFormats = []quant.DType{quant.Q8Row, quant.Q82F, quant.Q4TP}
+
+// edgeVec returns test inputs of length n: normal values, a block of
+// zeros, a block of tiny values, a huge outlier, exact ties.
+func edgeVecs(r *rand.Rand, n int) map[string][]float32 {
+	vs := map[string][]float32{}
+	x := randVec(r, n+1)[1:] // unaligned
+	vs["normal"] = x
+	y := randVec(r, n)
+	for i := range y {
+		switch b := i / qblock; b % 4 {
+		case 1:
+			y[i] = 0
+		case 2:
+			y[i] *= 1e-30
+		case 3:
+			if i%qblock == 5 {
+				y[i] = -3e4
+			}
+		}
+	}
+	vs["edges"] = y
+	z := make([]float32, n)
+	for i := range z {
+		z[i] = float32(i%5-2) * 0.5 // 127/absmax·x lands on .5 ties
+	}
+	vs["ties"] = z
+	u := make([]float32, n)
+	for i := range u {
+		u[i] = float32(r.IntN(3)-1) * 1e-37 // below qxMinAbs: zero blocks
+	}
+	vs["underflow"] = u
+	return vs
+}
+
+func TestQuantizeMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, l := range isaLevels() {
+		for _, lay := range []qlayout{qPlain, qNib} {
+			for _, n := range []int{1, 7, 31, 32, 33, 64, 100, 128, 160, 256, 1000, 2048} {
+				if lay == qNib && n%32 != 0 {
+					continue
+				}
+				for name, x := range edgeVecs(r, n) {
+					var got, want qbatch
+					withISA(t, l, func() {
+						got.reset(lay, n, 1)
+						fill(got.q, 0xAA)
+						got.quantize(x)
+					})
+					want.reset(lay, n, 1)
+					withISA(t, isaGeneric, func() { want.quantize(x) })
+					for i := range want.q {
+						if got.q[i] != want.q[i] {
+							t.Fatalf("%s/%d/%d/%s: q[%d] = %d, reference %d", l, lay, n, name, i, int8(got.q[i]), int8(want.q[i]))
+						}
+					}
+					for i := range want.d {
+						if got.d[i] != want.d[i] || got.s[i] != want.s[i] {
+							t.Fatalf("%s/%d/%d/%s: block %d: d %g s %d, reference d %g s %d", l, lay, n, name, i, got.d[i], got.s[i], want.d[i], want.s[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func fill(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
+	}
+}
+
+// TestQuantizeBlock pins the arithmetic: scale absmax/127, round to
+// nearest even, Σq, zero blocks.
+func TestQuantizeBlock(t *testing.T) {
+	var q [qblock]int8
+	x := []float32{127, -63.5, 0.5, 1.5, -127, 2.5}
+	d, sum := quantizeBlock(x, &q)
+	want := []int8{127, -64, 0, 2, -127, 2}
+	if d != 1 || sum != 127-64+2-127+2 {
+		t.Fatalf("d %g, sum %d", d, sum)
+	}
+	for i, w := range want {
+		if q[i] != w {
+			t.Fatalf("q[%d] = %d, want %d", i, q[i], w)
+		}
+	}
+	if d, sum := quantizeBlock([]float32{0, 0, 1e-37}, &q); d != 0 || sum != 0 || q != [qblock]int8{} {
+		t.Fatalf("tiny block: d %g sum %d q %v", d, sum, q)
+	}
+}
+
+// rowView returns row r as the integer kernels see it: W'[i] with
+// y = Σ W'[i]·x'[i], x' the (for q8_2f column-scaled) input.
+func rowView(m *Mat, r int) []float32 {
+	w := make([]float32, m.Cols)
+	post := genericTable[m.DType].decode(m, r, w)
+	for i := range w {
+		w[i] *= post
+	}
+	return w
+}
+
+// quantBound returns the bound on |int8 path - exact| for row r:
+// Σ_blocks d_b/2·Σ_{i∈b}|W'[i]| (a block flushed to zero, d_b = 0, can
+// lose all of Σ|W'[i]·x'[i]|), and the scale Σ|W'[i]·x'[i]|.
+func quantBound(m *Mat, r int, xs []float32, v qvec) (bound, scale float64) {
+	w := rowView(m, r)
+	for i, wi := range w {
+		wx := math.Abs(float64(wi) * float64(xs[i]))
+		if d := v.d[i/qblock]; d != 0 {
+			bound += float64(d) / 2 * math.Abs(float64(wi))
+		} else {
+			bound += wx
+		}
+		scale += wx
+	}
+	return bound, scale
+}
+
+// intMag is the size of the int path's float32 partial sums for row r:
+// Σ_i (|w|+offset)·|q|·d·(row factor).
+func intMag(m *Mat, r int, v qvec) float64 {
+	var s float64
+	if m.DType == quant.Q4TP {
+		gpr := m.Cols / 32
+		codes := m.codes[r*m.cstr : (r+1)*m.cstr]
+		for g := range gpr {
+			c, k := g/4*128, g%4*16
+			var a float64
+			for i := range 16 {
+				a += 15 * (math.Abs(float64(int8(v.q[c+k+i]))) + math.Abs(float64(int8(v.q[c+64+k+i]))))
+			}
+			s += a * math.Abs(float64(v.d[g])*float64(m.lad[32*r+q4tpCode(codes, g)]))
+		}
+		return s
+	}
+	w := m.Data[r*m.Cols : (r+1)*m.Cols]
+	for i, b := range w {
+		s += (math.Abs(float64(int8(b))) + 128) * math.Abs(float64(int8(v.q[i]))) * float64(v.d[i/qblock])
+	}
+	return s * math.Abs(float64(m.scale[r]))
+}
+
+// checkIntKernels compares every installed int8 row kernel with the plain
+// integer reference, and the reference with the float reference within
+// the quantization bound.
+func checkIntKernels(t *testing.T, m *Mat, x []float32) {
+	t.Helper()
+	xs := x
+	if m.col != nil {
+		xs = make([]float32, m.Cols)
+		for i := range xs {
+			xs[i] = x[i] * m.col[i]
+		}
+	}
+	lay := qPlain
+	if m.DType == quant.Q4TP {
+		lay = qNib
+	}
+	var qb qbatch
+	qb.reset(lay, m.Cols, 1)
+	withISA(t, isaGeneric, func() { qb.quantize(xs) })
+	v := qb.pos(0)
+	codec, _ := quant.CodecFor(m.DType)
+	ref := make([]float32, m.Rows)
+	qrowsInt(m, 0, m.Rows, v, ref)
+	for i := range m.Rows {
+		exact := codec.DotRow(m.Data, m.Rows, m.Cols, i, x)
+		bound, scale := quantBound(m, i, xs, v)
+		tol := bound + 1e-5*scale + 2e-6*intMag(m, i, v)
+		if d := math.Abs(float64(ref[i] - exact)); !(d <= tol) {
+			t.Errorf("row %d: int8 reference %g, float reference %g: |diff| %g > bound %g", i, ref[i], exact, d, tol)
+		}
+	}
+	for _, l := range isaLevels() {
+		k := kernelTable[m.DType]
+		withISA(t, l, func() { k = kernelTable[m.DType] })
+		if k.qrows == nil {
+			continue
+		}
+		for _, lo := range []int{0, 1} {
+			got := make([]float32, m.Rows+1)
+			got[m.Rows] = 42
+			k.qrows(m, lo, m.Rows, v, got)
+			if got[m.Rows] != 42 {
+				t.Fatalf("%s: qrows wrote past hi", l)
+			}
+			for i := lo; i < m.Rows; i++ {
+				tol := 2e-6*intMag(m, i, v) + 1e-30
+				if d := math.Abs(float64(got[i] - ref[i])); !(d <= tol) {
+					t.Errorf("%s lo=%d row %d: kernel %g, int8 reference %g (diff %g > %g)", l, lo, i, got[i], ref[i], d, tol)
+				}
+			}
+		}
+	}
+}
+
+func TestIntKernelsMatchReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, d := range intFormats {
+		sh := [][2]int{{1, 32}, {3, 64}, {4, 96}, {5, 32}, {13, 256}, {9, 160}, {8, 2048}, {6, 224}}
+		if d != quant.Q4TP {
+			sh = append(sh, [][2]int{{1, 1}, {3, 7}, {5, 33}, {2, 63}, {7, 65}, {4, 127}, {9, 200}}...)
+		}
+		for _, s := range sh {
+			t.Run(fmt.Sprintf("%s/%dx%d", d, s[0], s[1]), func(t *testing.T) {
+				m, _ := randMat(t, r, d, s[0], s[1])
+				for _, x := range edgeVecs(r, s[1]) {
+					checkIntKernels(t, m, x)
+				}
+			})
+		}
+	}
+}
+
+// rawMat returns a matrix of format d with random stored bytes, its f16
+// fields (row scales, ladder parameters) set by f16(r).
+func rawMat(t *testing.T, r *rand.Rand, d quant.DType, rows, cols int, fill func(i int) byte, f16 func(row, k int) float32) *Mat {
+	t.Helper()
+	n, err := quant.ExpectedBytes(d, []int{rows, cols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, n)
+	switch d {
+	case quant.Q8Row:
+		for i := range rows * cols {
+			b[i] = fill(i)
+		}
+		for i := range rows {
+			binary.LittleEndian.PutUint16(b[rows*cols+2*i:], half.F32ToF16(f16(i, 0)))
+		}
+	case quant.Q4TP:
+		po := rows * cols / 2
+		for i := range po {
+			b[i] = fill(i)
+		}
+		for i := range rows {
+			binary.LittleEndian.PutUint16(b[po+4*i:], half.F32ToF16(f16(i, 0)))
+			binary.LittleEndian.PutUint16(b[po+4*i+2:], half.F32ToF16(f16(i, 1)))
+		}
+		for i := po + 4*rows; i < len(b); i++ {
+			b[i] = byte(r.Uint32())
+		}
+	}
+	m, err := NewMat(d, rows, cols, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestIntKernelsExtremes runs the int8 kernels on extreme stored values:
+// all ±127/-128 quants, all-0 and all-15 nibbles, huge and tiny scales.
+func TestIntKernelsExtremes(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	rnd := func(int) byte { return byte(r.Uint32()) }
+	cases := []struct {
+		name string
+		d    quant.DType
+		fill func(int) byte
+		f16  func(row, k int) float32
+	}{
+		{"q8/-128", quant.Q8Row, func(int) byte { return 0x80 }, func(int, int) float32 { return 1 }},
+		{"q8/127", quant.Q8Row, func(int) byte { return 127 }, func(int, int) float32 { return 1 }},
+		{"q8/±", quant.Q8Row, func(i int) byte { return []byte{0x80, 127, 0x81, 0}[i%4] }, func(int, int) float32 { return 0.001 }},
+		{"q8/huge", quant.Q8Row, rnd, func(int, int) float32 { return 60000 }},
+		{"q8/tiny", quant.Q8Row, rnd, func(int, int) float32 { return 6e-8 }},
+		{"q4/0", quant.Q4TP, func(int) byte { return 0 }, func(_, k int) float32 { return []float32{-3, 0.25}[k] }},
+		{"q4/15", quant.Q4TP, func(int) byte { return 0xff }, func(_, k int) float32 { return []float32{-3, 0.25}[k] }},
+		{"q4/huge", quant.Q4TP, rnd, func(_, k int) float32 { return []float32{80, 0.5}[k] }},
+		{"q4/tiny", quant.Q4TP, rnd, func(_, k int) float32 { return []float32{-120, 0.5}[k] }},
+		{"q4/random", quant.Q4TP, rnd, func(row, k int) float32 { return float32(r.NormFloat64()) }},
+	}
+	for _, c := range cases {
+		for _, s := range [][2]int{{5, 64}, {4, 96}, {9, 2048}, {3, 32}} {
+			t.Run(fmt.Sprintf("%s/%dx%d", c.name, s[0], s[1]), func(t *testing.T) {
+				m := rawMat(t, r, c.d, s[0], s[1], c.fill, c.f16)
+				for _, x := range edgeVecs(r, s[1]) {
+					checkIntKernels(t, m, x)
+				}
+			})
+		}
+	}
+}
+
+// TestQuantErrorRelative states the bound in the terms of the brief: the
+// int8 path's error on a row is at most Σ|W|·max|x|/254 and, on Gaussian
+// inputs, typically a small fraction of that.
+func TestQuantErrorRelative(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, d := range intFormats {
+		m, _ := randMat(t, r, d, 64, 2048)
+		x := randVec(r, 2048)
+		p := NewPool(1)
+		defer p.Close()
+		y := make([]float32, m.Rows)
+		p.MatVec(m, x, y)
+		ref := refMatVec(t, m, x)
+		var worst, mean float64
+		for i := range y {
+			w := rowView(m, i)
+			var wx float64
+			var xmax float64
+			for j := range w {
+				xs := float64(x[j])
+				if m.col != nil {
+					xs *= float64(m.col[j])
+				}
+				wx += math.Abs(float64(w[j]))
+				xmax = max(xmax, math.Abs(xs))
+			}
+			if wx == 0 {
+				continue // the all-zero row
+			}
+			rel := math.Abs(float64(y[i]-ref[i])) / (wx * xmax)
+			if rel > 1.0/254+1e-6 {
+				t.Errorf("%s row %d: error %g of Σ|W|·max|x| > 1/254", d, i, rel)
+			}
+			worst = max(worst, rel)
+			mean += rel / float64(len(y))
+		}
+		t.Logf("%s (%s): |error| / (Σ|W|·max|x|): mean %.2g, worst %.2g (bound %.2g)", d, ISA(), mean, worst, 1.0/254)
+	}
+}
+
+// TestDispatch forces each kernel set through the public entry points
+// (MatVec, MatMul) and compares with the generic one.
+func TestDispatch(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	p := NewPool(2)
+	defer p.Close()
+	for _, d := range floatFormats {
+		m, _ := randMat(t, r, d, 67, 320)
+		const n = 5
+		X := randVec(r, n*320)
+		want := make([]float32, n*67)
+		var wantISA string
+		withISA(t, isaGeneric, func() {
+			wantISA = ISA()
+			p.MatMul(m, X, n, want)
+		})
+		if wantISA != "generic" {
+			t.Fatalf("forced generic, ISA() = %s", wantISA)
+		}
+		for _, l := range isaLevels()[1:] {
+			withISA(t, l, func() {
+				if ISA() != l.String() {
+					t.Fatalf("forced %s, ISA() = %s", l, ISA())
+				}
+				got := make([]float32, n*67)
+				p.MatMul(m, X, n, got)
+				y := make([]float32, 67)
+				for j := range n {
+					// The int8 path runs the same row kernel for both.
+					p.MatVec(m, X[j*320:(j+1)*320], y)
+					tol := 1e-5
+					if kernelTable[d].qx != qNone {
+						tol = 0
+					}
+					if i, ok := closeRel(got[j*67:(j+1)*67], y, tol); !ok {
+						t.Fatalf("%s %s: MatVec %g and MatMul %g differ at position %d row %d", l, d, y[i], got[j*67+i], j, i)
+					}
+				}
+				tol := 1e-5
+				if kernelTable[d].qx != qNone {
+					tol = 2e-2 // int8 activations: bounded above, relative to the largest output
+				}
+				if i, ok := closeRel(got, want, tol); !ok {
+					t.Fatalf("%s %s: element %d: %g, generic %g", l, d, i, got[i], want[i])
+				}
+			})
+		}
+	}
+}
