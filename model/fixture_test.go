@@ -101,52 +101,61 @@ func argmax(v []float32) int {
 	return best
 }
 
-// TestFixturesMatchTransformers converts each dense fixture to f32 CMF and
-// matches every prompt position's logits with transformers' to 1e-4 of
-// their RMS, then replays the greedy continuation through the KV cache
-// (feeding transformers' tokens), matching each step's logits and, where
-// the top-2 margin is clear, the chosen id.
+// TestFixturesMatchTransformers converts each dense fixture to f32 CMF
+// (bf16 fixtures also to bf16, whose values are exact in f32) and matches
+// every prompt position's logits with transformers' to 1e-4 of their RMS,
+// then replays the greedy continuation through the KV cache (feeding
+// transformers' tokens), matching each step's logits and, where the top-2
+// margin is clear, the chosen id.
 func TestFixturesMatchTransformers(t *testing.T) {
 	for _, name := range denseFixtures {
-		t.Run(name, func(t *testing.T) {
-			cases := loadFixture(t, name)
-			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), model.LoadOptions{Threads: 2, Batch: 16})
-			if err != nil {
-				t.Fatal(err)
+		formats := []quant.DType{quant.F32}
+		if strings.HasSuffix(name, "_bf16") || strings.Contains(name, "_bf16_") {
+			formats = append(formats, quant.BF16)
+		}
+		for _, q := range formats {
+			t.Run(name+"/"+q.String(), func(t *testing.T) { matchFixture(t, name, q) })
+		}
+	}
+}
+
+func matchFixture(t *testing.T, name string, q quant.DType) {
+	cases := loadFixture(t, name)
+	m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), model.LoadOptions{Threads: 2, Batch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	V := m.Arch.VocabSize
+	for _, rc := range cases {
+		T, N := len(rc.prompt), len(rc.greedy)
+		c := newCache(t, m, T+N)
+		got := forward(t, m, c, rc.prompt, 0, model.AllLogits)
+		var worst float64
+		for p := range T {
+			e := relErr(got[p*V:(p+1)*V], rc.logits[p*V:(p+1)*V])
+			worst = max(worst, e)
+			if e > 1e-4 {
+				t.Fatalf("%s: prompt position %d: max error %.3g of the logits' RMS", rc.name, p, e)
 			}
-			defer m.Close()
-			V := m.Arch.VocabSize
-			for _, rc := range cases {
-				T, N := len(rc.prompt), len(rc.greedy)
-				c := newCache(t, m, T+N)
-				got := forward(t, m, c, rc.prompt, 0, model.AllLogits)
-				var worst float64
-				for p := range T {
-					e := relErr(got[p*V:(p+1)*V], rc.logits[p*V:(p+1)*V])
-					worst = max(worst, e)
-					if e > 1e-4 {
-						t.Fatalf("%s: prompt position %d: max error %.3g of the logits' RMS", rc.name, p, e)
-					}
-				}
-				// Greedy: row 0 of greedy_logits is the last prompt row.
-				step := got[(T-1)*V:]
-				var worstG float64
-				for i := range N {
-					if i > 0 {
-						step = forward(t, m, c, rc.greedy[i-1:i], T+i-1, model.LastLogits)
-					}
-					e := relErr(step, rc.greedyLogits[i*V:(i+1)*V])
-					worstG = max(worstG, e)
-					if e > 1e-4 {
-						t.Fatalf("%s: greedy step %d: max error %.3g of the logits' RMS", rc.name, i, e)
-					}
-					if id := argmax(step); id != rc.greedy[i] && rc.margins[i] > 1e-3 {
-						t.Fatalf("%s: greedy step %d chose %d, transformers %d (margin %.3g)", rc.name, i, id, rc.greedy[i], rc.margins[i])
-					}
-				}
-				t.Logf("%s: %d prompt tokens max error %.2g, %d greedy steps max error %.2g (of the logits' RMS)", rc.name, T, worst, N, worstG)
+		}
+		// Greedy: row 0 of greedy_logits is the last prompt row.
+		step := got[(T-1)*V:]
+		var worstG float64
+		for i := range N {
+			if i > 0 {
+				step = forward(t, m, c, rc.greedy[i-1:i], T+i-1, model.LastLogits)
 			}
-		})
+			e := relErr(step, rc.greedyLogits[i*V:(i+1)*V])
+			worstG = max(worstG, e)
+			if e > 1e-4 {
+				t.Fatalf("%s: greedy step %d: max error %.3g of the logits' RMS", rc.name, i, e)
+			}
+			if id := argmax(step); id != rc.greedy[i] && rc.margins[i] > 1e-3 {
+				t.Fatalf("%s: greedy step %d chose %d, transformers %d (margin %.3g)", rc.name, i, id, rc.greedy[i], rc.margins[i])
+			}
+		}
+		t.Logf("%s: %d prompt tokens max error %.2g, %d greedy steps max error %.2g (of the logits' RMS)", rc.name, T, worst, N, worstG)
 	}
 }
 
