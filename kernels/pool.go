@@ -2,8 +2,9 @@ package kernels
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Task is work over the index range [0, n) that a Pool splits into
@@ -17,14 +18,26 @@ type Task interface {
 // kernels over contiguous blocks of rows. The calling goroutine takes the
 // first block itself. One operation runs at a time; concurrent callers
 // queue on a mutex. Close stops the workers.
+//
+// Dispatch is a generation counter: the caller publishes the task and
+// bumps it, workers spinning on it start at once, and the caller spins
+// until the pending count drops to zero. A worker that finds no work for
+// spinTime parks on a channel (so an idle pool costs no CPU) and is woken
+// by the next dispatch. A token's decode runs ~130 operations; parking and
+// waking a thread for each costs tens of microseconds, spinning well under
+// one.
 type Pool struct {
 	mu      sync.Mutex
 	n       int
-	start   []chan struct{} // one per worker goroutine (index 1..n-1)
-	done    sync.WaitGroup
+	closed  bool
+	gen     atomic.Uint32 // bumped to start an operation (or to stop, when closing)
+	pending atomic.Int32  // workers still running the current operation
+	closing atomic.Bool
+	waiting atomic.Bool   // the caller blocks on done
+	done    chan struct{} // wakes a blocked caller
+	workers []poolWorker
 	task    Task
 	spans   [][2]int
-	closed  bool
 	scratch [][]float32 // per worker: decoded weight rows for MatMul
 	xc      []float32   // q8_2f: inputs times the column field
 	qb      qbatch      // int8 inputs of the quantized formats
@@ -33,28 +46,110 @@ type Pool struct {
 	mm matmulTask
 }
 
+type poolWorker struct {
+	parked atomic.Bool
+	wake   chan struct{}
+	_      [48]byte // keep workers' flags on separate cache lines
+}
+
+// spinTime is how long an idle worker spins before it parks; waitSpin how
+// long the caller spins for the workers before it blocks.
+const (
+	spinTime = 200 * time.Microsecond
+	waitSpin = 50 * time.Microsecond
+)
+
 // minParallelWork is the number of multiply-adds below which an operation
-// runs on the calling goroutine alone: waking a worker costs microseconds.
+// runs on the calling goroutine alone.
 const minParallelWork = 1 << 15
 
-// NewPool starts a pool of n workers (n <= 0: GOMAXPROCS).
+// NewPool starts a pool of n workers (n <= 0: DefaultThreads()).
 func NewPool(n int) *Pool {
 	if n <= 0 {
-		n = runtime.GOMAXPROCS(0)
+		n = DefaultThreads()
 	}
-	p := &Pool{n: n, start: make([]chan struct{}, n), spans: make([][2]int, n), scratch: make([][]float32, n)}
+	p := &Pool{n: n, workers: make([]poolWorker, n), spans: make([][2]int, n), scratch: make([][]float32, n), done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
-		p.start[i] = make(chan struct{}, 1)
+		p.workers[i].wake = make(chan struct{}, 1)
 		go p.worker(i)
 	}
 	return p
 }
 
 func (p *Pool) worker(i int) {
-	for range p.start[i] {
-		s := p.spans[i]
-		p.task.Run(s[0], s[1], i)
-		p.done.Done()
+	w := &p.workers[i]
+	var seen uint32
+	for {
+		seen = p.await(w, seen)
+		if p.closing.Load() {
+			return
+		}
+		if s := p.spans[i]; s[0] < s[1] {
+			p.task.Run(s[0], s[1], i)
+		}
+		p.finish()
+	}
+}
+
+// await returns the generation after seen, spinning for spinTime and then
+// parking until the next dispatch.
+func (p *Pool) await(w *poolWorker, seen uint32) uint32 {
+	for {
+		t0 := time.Now()
+		for i := 1; ; i++ {
+			if g := p.gen.Load(); g != seen {
+				return g
+			}
+			spinPause()
+			if i%256 == 0 && time.Since(t0) > spinTime {
+				break
+			}
+		}
+		w.parked.Store(true)
+		if g := p.gen.Load(); g != seen {
+			if !w.parked.CompareAndSwap(true, false) {
+				<-w.wake // the dispatcher saw the flag and sends a wake-up
+			}
+			return g
+		}
+		<-w.wake
+	}
+}
+
+// start publishes the current task and spans to the workers.
+func (p *Pool) start() {
+	p.pending.Store(int32(p.n - 1))
+	p.gen.Add(1)
+	for i := 1; i < p.n; i++ {
+		if w := &p.workers[i]; w.parked.CompareAndSwap(true, false) {
+			w.wake <- struct{}{}
+		}
+	}
+}
+
+// wait spins until every worker has finished the current operation, and
+// blocks if that takes longer than waitSpin: a worker thread the OS has
+// descheduled (a busy machine) then gets the core back sooner.
+func (p *Pool) wait() {
+	t0 := time.Now()
+	for i := 1; p.pending.Load() != 0; i++ {
+		spinPause()
+		if i%256 == 0 && time.Since(t0) > waitSpin {
+			p.waiting.Store(true)
+			if p.pending.Load() == 0 && p.waiting.CompareAndSwap(true, false) {
+				return
+			}
+			<-p.done
+			return
+		}
+	}
+}
+
+// finish marks a worker's part of the operation done and wakes a caller
+// blocked in wait when it was the last.
+func (p *Pool) finish() {
+	if p.pending.Add(-1) == 0 && p.waiting.CompareAndSwap(true, false) {
+		p.done <- struct{}{}
 	}
 }
 
@@ -69,9 +164,8 @@ func (p *Pool) Close() {
 		return
 	}
 	p.closed = true
-	for _, c := range p.start[1:] {
-		close(c)
-	}
+	p.closing.Store(true)
+	p.start()
 }
 
 // For runs t over [0, n) split into contiguous blocks, in parallel when
@@ -101,15 +195,15 @@ func (p *Pool) run(n, unit, work int, t Task) {
 		return
 	}
 	p.task = t
-	for i := 0; i < k; i++ {
-		p.spans[i] = [2]int{min(n, i*units/k*unit), min(n, (i+1)*units/k*unit)}
+	for i := range p.spans {
+		p.spans[i] = [2]int{}
+		if i < k {
+			p.spans[i] = [2]int{min(n, i*units/k*unit), min(n, (i+1)*units/k*unit)}
+		}
 	}
-	p.done.Add(k - 1)
-	for i := 1; i < k; i++ {
-		p.start[i] <- struct{}{}
-	}
+	p.start()
 	t.Run(p.spans[0][0], p.spans[0][1], 0)
-	p.done.Wait()
+	p.wait()
 	p.task = nil
 }
 
