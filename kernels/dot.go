@@ -26,6 +26,10 @@ type dtypeKernel struct {
 	// W[lo:hi,:]·x; dot and dot4 stay the float reference.
 	qx    qlayout
 	qrows func(m *Mat, lo, hi int, x qvec, y []float32)
+	// qmm, when set, is MatMul's kernel on int8 activations: Y[j·Rows+r]
+	// for rows [lo, hi) and every position of x, with a scratch buffer of
+	// the worker's (nil: qrows per block of rows and position).
+	qmm func(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte)
 }
 
 var kernelTable = [...]dtypeKernel{

@@ -60,6 +60,7 @@ func installISA(l isaLevel) {
 		kernelTable[d].qx, kernelTable[d].qrows = qPlain, q8RowsAVX512
 	}
 	kernelTable[quant.Q4TP].qx, kernelTable[quant.Q4TP].qrows = qNib, q4tpRowsAVX512
+	kernelTable[quant.Q4TP].qmm = q4tpMatMulAVX512
 }
 
 func quantizeRowAVX512(x []float32, v qvec, l qlayout) {
@@ -118,3 +119,56 @@ func q4tpRowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 //
 //go:noescape
 func streamAVX512(p *byte, n int) uint64
+
+// q4tpUnpack4AVX512 writes rows' nibbles and rungs into dst in the scratch
+// layout of q4tpMM4AVX512 (q4tpScratchBytes(gpr) bytes).
+//
+//go:noescape
+func q4tpUnpack4AVX512(rows *[4]q4row, gpr int, dst *byte)
+
+// q4tpMM4AVX512 writes, for npos positions, the four dots of the unpacked
+// rows in w with the position's input (at x + j·xstride, scales and biases
+// at d and s + j·bstride bytes) to out + j·ostride bytes.
+//
+//go:noescape
+func q4tpMM4AVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+
+// q4tpScratchBytes is the size of an unpacked block of four rows.
+func q4tpScratchBytes(gpr int) int { return (gpr+3)/4*512 + (gpr+15)/16*256 }
+
+// mmTileBytes bounds the quantized inputs one pass over a row block
+// reads, so that they stay in L2.
+const mmTileBytes = 256 << 10
+
+// q4tpMatMulAVX512 sets Y[j·Rows+r] for rows [lo, hi) and every position
+// of x: each block of four rows is unpacked once per tile of positions.
+func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
+	gpr := m.Cols / quant.GroupSize
+	nb := 16 * gpr
+	rows, n := m.Rows, x.n
+	need := q4tpScratchBytes(gpr)
+	if cap(*scratch) < need {
+		*scratch = make([]byte, need)
+	}
+	buf := (*scratch)[:need]
+	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
+	_, _, _ = m.Data[hi*nb-1], m.lad[32*hi-1], y[n*rows-1]
+	tile := max(1, mmTileBytes/x.qstride)
+	var rs [4]q4row
+	for j0 := 0; j0 < n; j0 += tile {
+		nt := min(tile, n-j0)
+		r := lo
+		for ; r+4 <= hi; r += 4 {
+			for i := range rs {
+				rs[i] = q4row{&m.Data[(r+i)*nb], m.codePtr(r + i), &m.lad[32*(r+i)]}
+			}
+			q4tpUnpack4AVX512(&rs, gpr, &buf[0])
+			q4tpMM4AVX512(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
+		}
+		if r < hi {
+			for j := j0; j < j0+nt; j++ {
+				q4tpRowsAVX512(m, r, hi, x.pos(j), y[j*rows:(j+1)*rows])
+			}
+		}
+	}
+}

@@ -560,3 +560,210 @@ sdone:
 	MOVQ   AX, ret+16(FP)
 	VZEROUPPER
 	RET
+
+// Prefill (several positions per weight block) for q4tp: the block of four
+// rows is unpacked once into a scratch buffer that stays in L1, then every
+// position runs over it with only the integer dots and the scaling left.
+//
+// Scratch layout for gpr groups, C = ⌈gpr/4⌉ chunks, S = ⌈gpr/16⌉:
+//   C × 512 bytes: per chunk, for rows 0..3, 64 low nibbles then 64 high
+//   nibbles (bytes 0..15, zero past the row's end);
+//   S × 256 bytes: per 16 groups, for rows 0..3, the 16 rungs the groups'
+//   codes pick (zero past the row's end).
+
+// Q4UNPACK stores one row's chunk of nibbles (masked by K1), the low ones
+// at off(DI), the high ones at off2(DI).
+#define Q4UNPACK(nib, off, off2, n, h) \
+	VMOVDQU8.Z (nib), K1, n; \
+	VPSRLW     $4, n, h; \
+	VPANDD     Z31, n, n; \
+	VPANDD     Z31, h, h; \
+	VMOVDQU8   n, off(DI); \
+	VMOVDQU8   h, off2(DI)
+
+// Q4RUNGS stores a row's 16 rungs (masked by K3) at off(DI); DX points
+// at the q4row array.
+#define Q4RUNGS(coff, loff, off) \
+	MOVQ            coff(DX), AX; \
+	VBROADCASTI32X4 (AX)(SI*1), Z10; \
+	VPSHUFB         Z28, Z10, Z10; \
+	VPSRLVD         Z29, Z10, Z10; \
+	MOVQ            loff(DX), AX; \
+	VMOVUPS         (AX), Z30; \
+	VPERMI2PS.Z     64(AX), Z30, K3, Z10; \
+	VMOVUPS         Z10, off(DI)
+
+// func q4tpUnpack4AVX512(rows *[4]q4row, gpr int, dst *byte)
+TEXT ·q4tpUnpack4AVX512(SB), NOSPLIT, $0-24
+	MOVQ rows+0(FP), DX
+	MOVQ 0(DX), R8
+	MOVQ 24(DX), R9
+	MOVQ 48(DX), R10
+	MOVQ 72(DX), R11
+	MOVQ gpr+8(FP), BX
+	MOVQ dst+16(FP), DI
+
+	// K5: lanes of the last 16 groups that exist; CX: chunks; BX: the
+	// nibble-byte mask of the last chunk (as in q4tpDot4AVX512).
+	MOVQ   BX, CX
+	ANDQ   $15, CX
+	KXNORW K5, K5, K5
+	JZ     u4m1
+	MOVL   $1, AX
+	SHLL   CX, AX
+	DECL   AX
+	KMOVW  AX, K5
+u4m1:
+	MOVQ BX, R12 // gpr
+	LEAQ 3(BX), CX
+	SHRQ $2, CX
+	ANDQ $3, BX
+	JNZ  u4m2
+	MOVQ $4, BX
+u4m2:
+	SHLQ   $4, BX
+	MOVQ   BX, AX
+	MOVQ   $-1, BX
+	CMPQ   AX, $64
+	JEQ    u4m3
+	MOVQ   CX, SI
+	MOVQ   AX, CX
+	MOVQ   $1, BX
+	SHLQ   CX, BX
+	DECQ   BX
+	MOVQ   SI, CX
+u4m3:
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z31
+	VMOVDQU32    codeBytes<>(SB), Z28
+	VMOVDQU32    codeShift16<>(SB), Z29
+
+u4chunk:
+	MOVQ    $-1, AX
+	CMPQ    CX, $1
+	CMOVQEQ BX, AX
+	KMOVQ   AX, K1
+	Q4UNPACK(R8, 0, 64, Z0, Z1)
+	Q4UNPACK(R9, 128, 192, Z2, Z3)
+	Q4UNPACK(R10, 256, 320, Z4, Z5)
+	Q4UNPACK(R11, 384, 448, Z6, Z7)
+	ADDQ $64, R8
+	ADDQ $64, R9
+	ADDQ $64, R10
+	ADDQ $64, R11
+	ADDQ $512, DI
+	DECQ CX
+	JNZ  u4chunk
+
+	// Rungs, 16 groups at a time; R12 counts the groups left.
+	XORQ   SI, SI
+	KXNORW K3, K3, K3
+u4super:
+	CMPQ  R12, $16
+	JGE   u4s1
+	KMOVW K5, K3
+u4s1:
+	Q4RUNGS(8, 16, 0)
+	Q4RUNGS(32, 40, 64)
+	Q4RUNGS(56, 64, 128)
+	Q4RUNGS(80, 88, 192)
+	ADDQ $10, SI
+	ADDQ $256, DI
+	SUBQ $16, R12
+	JGT  u4super
+
+	VZEROUPPER
+	RET
+
+// Q4MMROW is one row of a chunk from the scratch at off(R8), off2(R8).
+#define Q4MMROW(off, off2, sc, idx, n, h, a, acc) \
+	VMOVDQU8    off(R8), n; \
+	VMOVDQU8    off2(R8), h; \
+	VPXORD      a, a, a; \
+	VPDPBUSD    Z4, n, a; \
+	VPDPBUSD    Z5, h, a; \
+	VPERMPS     sc, idx, h; \
+	VCVTDQ2PS   a, a; \
+	VFMADD231PS h, a, acc
+
+#define Q4MMCHUNK(idx) \
+	VMOVDQU8 (DI), Z4; \
+	VMOVDQU8 64(DI), Z5; \
+	Q4MMROW(0, 64, Z6, idx, Z10, Z11, Z12, Z0); \
+	Q4MMROW(128, 192, Z7, idx, Z13, Z14, Z15, Z1); \
+	Q4MMROW(256, 320, Z8, idx, Z16, Z17, Z18, Z2); \
+	Q4MMROW(384, 448, Z9, idx, Z19, Z20, Z21, Z3); \
+	ADDQ $512, R8; \
+	ADDQ $128, DI; \
+	DECQ CX; \
+	JZ   mmpos
+
+// func q4tpMM4AVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+//
+// For each of npos positions (inputs at x + j·xstride, scales and biases
+// at d, s + j·bstride bytes) writes the four rows' dots from the scratch w
+// to out + j·ostride bytes.
+TEXT ·q4tpMM4AVX512(SB), NOSPLIT, $0-80
+	MOVQ x+16(FP), SI
+	MOVQ d+32(FP), BX
+	MOVQ s+40(FP), DX
+	MOVQ npos+56(FP), R10
+	MOVQ out+64(FP), R11
+	MOVQ gpr+8(FP), R9
+	ADDQ $3, R9
+	SHRQ $2, R9 // chunks
+
+	VMOVDQU32 chunkIdx0<>(SB), Z24
+	VMOVDQU32 chunkIdx1<>(SB), Z25
+	VMOVDQU32 chunkIdx2<>(SB), Z26
+	VMOVDQU32 chunkIdx3<>(SB), Z27
+
+mmloop:
+	TESTQ  R10, R10
+	JZ     mmdone
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   w+0(FP), R8
+	MOVQ   R9, AX
+	SHLQ   $9, AX
+	ADDQ   R8, AX // the rungs
+	MOVQ   SI, DI
+	MOVQ   BX, R12
+	MOVQ   DX, R13
+	MOVQ   R9, CX
+
+mmsuper:
+	VMOVUPS     (R12), Z22
+	VCVTDQ2PS   (R13), Z23
+	VMULPS      (AX), Z22, Z6
+	VMULPS      64(AX), Z22, Z7
+	VMULPS      128(AX), Z22, Z8
+	VMULPS      192(AX), Z22, Z9
+	VFMADD231PS Z23, Z6, Z0
+	VFMADD231PS Z23, Z7, Z1
+	VFMADD231PS Z23, Z8, Z2
+	VFMADD231PS Z23, Z9, Z3
+	Q4MMCHUNK(Z24)
+	Q4MMCHUNK(Z25)
+	Q4MMCHUNK(Z26)
+	Q4MMCHUNK(Z27)
+	ADDQ $256, AX
+	ADDQ $64, R12
+	ADDQ $64, R13
+	JMP  mmsuper
+
+mmpos:
+	HSUM4
+	VMOVUPS X0, (R11)
+	ADDQ    ostride+72(FP), R11
+	ADDQ    xstride+24(FP), SI
+	ADDQ    bstride+48(FP), BX
+	ADDQ    bstride+48(FP), DX
+	DECQ    R10
+	JMP     mmloop
+
+mmdone:
+	VZEROUPPER
+	RET

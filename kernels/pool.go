@@ -27,20 +27,21 @@ type Task interface {
 // waking a thread for each costs tens of microseconds, spinning well under
 // one.
 type Pool struct {
-	mu      sync.Mutex
-	n       int
-	closed  bool
-	gen     atomic.Uint32 // bumped to start an operation (or to stop, when closing)
-	pending atomic.Int32  // workers still running the current operation
-	closing atomic.Bool
-	waiting atomic.Bool   // the caller blocks on done
-	done    chan struct{} // wakes a blocked caller
-	workers []poolWorker
-	task    Task
-	spans   [][2]int
-	scratch [][]float32 // per worker: decoded weight rows for MatMul
-	xc      []float32   // q8_2f: inputs times the column field
-	qb      qbatch      // int8 inputs of the quantized formats
+	mu       sync.Mutex
+	n        int
+	closed   bool
+	gen      atomic.Uint32 // bumped to start an operation (or to stop, when closing)
+	pending  atomic.Int32  // workers still running the current operation
+	closing  atomic.Bool
+	waiting  atomic.Bool   // the caller blocks on done
+	done     chan struct{} // wakes a blocked caller
+	workers  []poolWorker
+	task     Task
+	spans    [][2]int
+	scratch  [][]float32 // per worker: decoded weight rows for MatMul
+	bscratch [][]byte    // per worker: unpacked weight blocks for MatMul
+	xc       []float32   // q8_2f: inputs times the column field
+	qb       qbatch      // int8 inputs of the quantized formats
 
 	mv matvecTask
 	mm matmulTask
@@ -68,7 +69,7 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = DefaultThreads()
 	}
-	p := &Pool{n: n, workers: make([]poolWorker, n), spans: make([][2]int, n), scratch: make([][]float32, n), done: make(chan struct{}, 1)}
+	p := &Pool{n: n, workers: make([]poolWorker, n), spans: make([][2]int, n), scratch: make([][]float32, n), bscratch: make([][]byte, n), done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
 		p.workers[i].wake = make(chan struct{}, 1)
 		go p.worker(i)
@@ -295,7 +296,7 @@ func (p *Pool) MatMul(m *Mat, X []float32, n int, Y []float32) {
 			p.scratch[i] = make([]float32, 4*m.Cols)
 		}
 	}
-	p.mm = matmulTask{k: k, m: m, x: p.prescale(m, X[:n*m.Cols], n), n: n, y: Y, scratch: p.scratch}
+	p.mm = matmulTask{k: k, m: m, x: p.prescale(m, X[:n*m.Cols], n), n: n, y: Y, scratch: p.scratch, bscratch: p.bscratch}
 	if k.qx != qNone {
 		p.qb.reset(k.qx, m.Cols, n)
 		p.qb.quantize(p.mm.x)
@@ -310,17 +311,22 @@ func (p *Pool) MatMul(m *Mat, X []float32, n int, Y []float32) {
 const matmulTile = 32
 
 type matmulTask struct {
-	k       *dtypeKernel
-	m       *Mat
-	x       []float32
-	n       int
-	y       []float32
-	scratch [][]float32
-	q       *qbatch // the quantized X when k.qx != qNone
+	k        *dtypeKernel
+	m        *Mat
+	x        []float32
+	n        int
+	y        []float32
+	scratch  [][]float32
+	q        *qbatch // the quantized X when k.qx != qNone
+	bscratch [][]byte
 }
 
 func (t *matmulTask) Run(lo, hi, worker int) {
 	m, c, rows := t.m, t.m.Cols, t.m.Rows
+	if t.q != nil && t.k.qmm != nil {
+		t.k.qmm(m, lo, hi, t.q, t.y, &t.bscratch[worker])
+		return
+	}
 	if t.q != nil {
 		// Four weight rows stay in L1 while every position passes by.
 		for r := lo; r < hi; r += 4 {

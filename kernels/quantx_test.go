@@ -406,3 +406,27 @@ func TestDispatch(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulTiles covers MatMul's position tiles (long rows: a tile holds
+// few positions) and row blocks with a remainder, against MatVec.
+func TestMatMulTiles(t *testing.T) {
+	r := rand.New(rand.NewPCG(17, 18))
+	p := NewPool(2)
+	defer p.Close()
+	for _, d := range intFormats {
+		m, _ := randMat(t, r, d, 11, 8192)
+		const n = 70
+		X := randVec(r, n*8192)
+		Y := make([]float32, n*11)
+		p.MatMul(m, X, n, Y)
+		y := make([]float32, 11)
+		for j := range n {
+			p.MatVec(m, X[j*8192:(j+1)*8192], y)
+			for i := range y {
+				if y[i] != Y[j*11+i] {
+					t.Fatalf("%s position %d row %d: MatMul %g, MatVec %g", d, j, i, Y[j*11+i], y[i])
+				}
+			}
+		}
+	}
+}
