@@ -3,6 +3,8 @@
 package kernels
 
 import (
+	"unsafe"
+
 	"golang.org/x/sys/cpu"
 
 	"github.com/cortiq/cortiq/quant"
@@ -56,6 +58,10 @@ func installISA(l isaLevel) {
 		return
 	}
 	quantizeRow = quantizeRowAVX512
+	dot4f = dot4AVX512
+	kernelTable[quant.F32].dot, kernelTable[quant.F32].dot4 = dotF32AVX512, dot4F32AVX512
+	kernelTable[quant.F16].dot, kernelTable[quant.F16].dot4 = dotF16AVX512, dot4F16AVX512
+	kernelTable[quant.BF16].dot, kernelTable[quant.BF16].dot4 = dotBF16AVX512, dot4BF16AVX512
 	for _, d := range []quant.DType{quant.Q8Row, quant.Q82F} {
 		kernelTable[d].qx, kernelTable[d].qrows = qPlain, q8RowsAVX512
 	}
@@ -171,4 +177,80 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 			}
 		}
 	}
+}
+
+// f32Dot4AVX512, f16Dot4AVX512 and bf16Dot4AVX512 set out[i] to the dot
+// of the n-element row at w + i·stride bytes (stride 0: one row) with x.
+//
+//go:noescape
+func f32Dot4AVX512(w *float32, stride, n int, x *float32, out *[4]float32)
+
+//go:noescape
+func f16Dot4AVX512(w *uint16, stride, n int, x *float32, out *[4]float32)
+
+//go:noescape
+func bf16Dot4AVX512(w *uint16, stride, n int, x *float32, out *[4]float32)
+
+func dotF32AVX512(m *Mat, r int, x []float32) float32 {
+	c := m.Cols
+	_, _ = m.f32[(r+1)*c-1], x[c-1]
+	var out [4]float32
+	f32Dot4AVX512(&m.f32[r*c], 0, c, &x[0], &out)
+	return out[0]
+}
+
+func dot4F32AVX512(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
+	c := m.Cols
+	_, _ = m.f32[(r+4)*c-1], x[c-1]
+	var out [4]float32
+	f32Dot4AVX512(&m.f32[r*c], 4*c, c, &x[0], &out)
+	return out[0], out[1], out[2], out[3]
+}
+
+func dotF16AVX512(m *Mat, r int, x []float32) float32 {
+	c := m.Cols
+	_, _ = m.u16[(r+1)*c-1], x[c-1]
+	var out [4]float32
+	f16Dot4AVX512(&m.u16[r*c], 0, c, &x[0], &out)
+	return out[0]
+}
+
+func dot4F16AVX512(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
+	c := m.Cols
+	_, _ = m.u16[(r+4)*c-1], x[c-1]
+	var out [4]float32
+	f16Dot4AVX512(&m.u16[r*c], 2*c, c, &x[0], &out)
+	return out[0], out[1], out[2], out[3]
+}
+
+func dotBF16AVX512(m *Mat, r int, x []float32) float32 {
+	c := m.Cols
+	_, _ = m.u16[(r+1)*c-1], x[c-1]
+	var out [4]float32
+	bf16Dot4AVX512(&m.u16[r*c], 0, c, &x[0], &out)
+	return out[0]
+}
+
+func dot4BF16AVX512(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
+	c := m.Cols
+	_, _ = m.u16[(r+4)*c-1], x[c-1]
+	var out [4]float32
+	bf16Dot4AVX512(&m.u16[r*c], 2*c, c, &x[0], &out)
+	return out[0], out[1], out[2], out[3]
+}
+
+// dot4AVX512 is dot4 (MatMul's inner kernel over decoded rows) when the
+// four rows lie one after another, as MatMul's scratch does.
+func dot4AVX512(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32) {
+	n := len(x)
+	if n == 0 || len(w0) < n || len(w1) < n || len(w2) < n || len(w3) < n {
+		return dot4(w0, w1, w2, w3, x)
+	}
+	p0 := unsafe.Pointer(&w0[0])
+	if unsafe.Pointer(&w1[0]) != unsafe.Add(p0, 4*n) || unsafe.Pointer(&w2[0]) != unsafe.Add(p0, 8*n) || unsafe.Pointer(&w3[0]) != unsafe.Add(p0, 12*n) {
+		return dot4(w0, w1, w2, w3, x)
+	}
+	var out [4]float32
+	f32Dot4AVX512(&w0[0], 4*n, n, &x[0], &out)
+	return out[0], out[1], out[2], out[3]
 }

@@ -767,3 +767,275 @@ mmpos:
 mmdone:
 	VZEROUPPER
 	RET
+
+// Float formats: four rows of f32, f16 or bf16 weights times a float32
+// input, 32 columns per step into two accumulators per row (Z0..Z3 and
+// Z8..Z11), the last 0..31 columns 16 at a time through masked loads.
+
+#define FROW_F32(addr, t, xr, acc) VFMADD231PS addr, xr, acc
+#define FROW_F16(addr, t, xr, acc) VCVTPH2PS addr, t; VFMADD231PS t, xr, acc
+#define FROW_BF16(addr, t, xr, acc) VPMOVZXWD addr, t; VPSLLD $16, t, t; VFMADD231PS t, xr, acc
+
+// Masked loads of 16 columns (K1) converted to float32.
+#define FTAIL_F32(addr, t) VMOVUPS.Z addr, K1, t
+#define FTAIL_F16(addr, t) VMOVDQU16.Z addr, K1, Y6; VCVTPH2PS Y6, t
+#define FTAIL_BF16(addr, t) VMOVDQU16.Z addr, K1, Y6; VPMOVZXWD Y6, t; VPSLLD $16, t, t
+
+// func f32Dot4AVX512(w *float32, stride, n int, x *float32, out *[4]float32)
+//
+// stride and the pointers are in bytes between rows (0: one row four times).
+TEXT ·f32Dot4AVX512(SB), NOSPLIT, $0-40
+	MOVQ   w+0(FP), AX
+	MOVQ   stride+8(FP), BX
+	MOVQ   n+16(FP), CX
+	MOVQ   x+24(FP), SI
+	LEAQ   (AX)(BX*2), DX
+	ADDQ   BX, DX
+	LEAQ   PFAHEAD(DX)(BX*1), R11
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	MOVQ   CX, R10
+	SHRQ   $5, R10
+	JZ     f32tail
+
+f32loop:
+	PREFETCHT0 0(R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	PREFETCHT0 256(R11)
+	PREFETCHT0 320(R11)
+	PREFETCHT0 384(R11)
+	PREFETCHT0 448(R11)
+	ADDQ       $512, R11
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	FROW_F32((AX), Z12, Z4, Z0)
+	FROW_F32((AX)(BX*1), Z13, Z4, Z1)
+	FROW_F32((AX)(BX*2), Z14, Z4, Z2)
+	FROW_F32((DX), Z15, Z4, Z3)
+	FROW_F32(64(AX), Z16, Z5, Z8)
+	FROW_F32(64(AX)(BX*1), Z17, Z5, Z9)
+	FROW_F32(64(AX)(BX*2), Z18, Z5, Z10)
+	FROW_F32(64(DX), Z19, Z5, Z11)
+	ADDQ $128, AX
+	ADDQ $128, DX
+	ADDQ $128, SI
+	DECQ R10
+	JNZ  f32loop
+
+f32tail:
+	ANDQ $31, CX
+	JZ   f32done
+
+f32tail16:
+	MOVQ $-1, R9
+	CMPQ CX, $16
+	JGE  f32mask
+	MOVQ $1, R9
+	SHLQ CX, R9
+	DECQ R9
+
+f32mask:
+	KMOVW       R9, K1
+	VMOVUPS.Z   (SI), K1, Z4
+	FTAIL_F32((AX), Z12)
+	VFMADD231PS Z12, Z4, Z0
+	FTAIL_F32((AX)(BX*1), Z13)
+	VFMADD231PS Z13, Z4, Z1
+	FTAIL_F32((AX)(BX*2), Z14)
+	VFMADD231PS Z14, Z4, Z2
+	FTAIL_F32((DX), Z15)
+	VFMADD231PS Z15, Z4, Z3
+	ADDQ        $64, AX
+	ADDQ        $64, DX
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JGT         f32tail16
+
+f32done:
+	VADDPS  Z8, Z0, Z0
+	VADDPS  Z9, Z1, Z1
+	VADDPS  Z10, Z2, Z2
+	VADDPS  Z11, Z3, Z3
+	HSUM4
+	MOVQ    out+32(FP), AX
+	VMOVUPS X0, (AX)
+	VZEROUPPER
+	RET
+
+// func f16Dot4AVX512(w *uint16, stride, n int, x *float32, out *[4]float32)
+//
+// stride and the pointers are in bytes between rows (0: one row four times).
+TEXT ·f16Dot4AVX512(SB), NOSPLIT, $0-40
+	MOVQ   w+0(FP), AX
+	MOVQ   stride+8(FP), BX
+	MOVQ   n+16(FP), CX
+	MOVQ   x+24(FP), SI
+	LEAQ   (AX)(BX*2), DX
+	ADDQ   BX, DX
+	LEAQ   PFAHEAD(DX)(BX*1), R11
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	MOVQ   CX, R10
+	SHRQ   $5, R10
+	JZ     f16tail
+
+f16loop:
+	PREFETCHT0 0(R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	ADDQ       $256, R11
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	FROW_F16((AX), Z12, Z4, Z0)
+	FROW_F16((AX)(BX*1), Z13, Z4, Z1)
+	FROW_F16((AX)(BX*2), Z14, Z4, Z2)
+	FROW_F16((DX), Z15, Z4, Z3)
+	FROW_F16(32(AX), Z16, Z5, Z8)
+	FROW_F16(32(AX)(BX*1), Z17, Z5, Z9)
+	FROW_F16(32(AX)(BX*2), Z18, Z5, Z10)
+	FROW_F16(32(DX), Z19, Z5, Z11)
+	ADDQ $64, AX
+	ADDQ $64, DX
+	ADDQ $128, SI
+	DECQ R10
+	JNZ  f16loop
+
+f16tail:
+	ANDQ $31, CX
+	JZ   f16done
+
+f16tail16:
+	MOVQ $-1, R9
+	CMPQ CX, $16
+	JGE  f16mask
+	MOVQ $1, R9
+	SHLQ CX, R9
+	DECQ R9
+
+f16mask:
+	KMOVW       R9, K1
+	VMOVUPS.Z   (SI), K1, Z4
+	FTAIL_F16((AX), Z12)
+	VFMADD231PS Z12, Z4, Z0
+	FTAIL_F16((AX)(BX*1), Z13)
+	VFMADD231PS Z13, Z4, Z1
+	FTAIL_F16((AX)(BX*2), Z14)
+	VFMADD231PS Z14, Z4, Z2
+	FTAIL_F16((DX), Z15)
+	VFMADD231PS Z15, Z4, Z3
+	ADDQ        $32, AX
+	ADDQ        $32, DX
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JGT         f16tail16
+
+f16done:
+	VADDPS  Z8, Z0, Z0
+	VADDPS  Z9, Z1, Z1
+	VADDPS  Z10, Z2, Z2
+	VADDPS  Z11, Z3, Z3
+	HSUM4
+	MOVQ    out+32(FP), AX
+	VMOVUPS X0, (AX)
+	VZEROUPPER
+	RET
+
+// func bf16Dot4AVX512(w *uint16, stride, n int, x *float32, out *[4]float32)
+//
+// stride and the pointers are in bytes between rows (0: one row four times).
+TEXT ·bf16Dot4AVX512(SB), NOSPLIT, $0-40
+	MOVQ   w+0(FP), AX
+	MOVQ   stride+8(FP), BX
+	MOVQ   n+16(FP), CX
+	MOVQ   x+24(FP), SI
+	LEAQ   (AX)(BX*2), DX
+	ADDQ   BX, DX
+	LEAQ   PFAHEAD(DX)(BX*1), R11
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z8, Z8, Z8
+	VPXORD Z9, Z9, Z9
+	VPXORD Z10, Z10, Z10
+	VPXORD Z11, Z11, Z11
+	MOVQ   CX, R10
+	SHRQ   $5, R10
+	JZ     bf16tail
+
+bf16loop:
+	PREFETCHT0 0(R11)
+	PREFETCHT0 64(R11)
+	PREFETCHT0 128(R11)
+	PREFETCHT0 192(R11)
+	ADDQ       $256, R11
+	VMOVUPS (SI), Z4
+	VMOVUPS 64(SI), Z5
+	FROW_BF16((AX), Z12, Z4, Z0)
+	FROW_BF16((AX)(BX*1), Z13, Z4, Z1)
+	FROW_BF16((AX)(BX*2), Z14, Z4, Z2)
+	FROW_BF16((DX), Z15, Z4, Z3)
+	FROW_BF16(32(AX), Z16, Z5, Z8)
+	FROW_BF16(32(AX)(BX*1), Z17, Z5, Z9)
+	FROW_BF16(32(AX)(BX*2), Z18, Z5, Z10)
+	FROW_BF16(32(DX), Z19, Z5, Z11)
+	ADDQ $64, AX
+	ADDQ $64, DX
+	ADDQ $128, SI
+	DECQ R10
+	JNZ  bf16loop
+
+bf16tail:
+	ANDQ $31, CX
+	JZ   bf16done
+
+bf16tail16:
+	MOVQ $-1, R9
+	CMPQ CX, $16
+	JGE  bf16mask
+	MOVQ $1, R9
+	SHLQ CX, R9
+	DECQ R9
+
+bf16mask:
+	KMOVW       R9, K1
+	VMOVUPS.Z   (SI), K1, Z4
+	FTAIL_BF16((AX), Z12)
+	VFMADD231PS Z12, Z4, Z0
+	FTAIL_BF16((AX)(BX*1), Z13)
+	VFMADD231PS Z13, Z4, Z1
+	FTAIL_BF16((AX)(BX*2), Z14)
+	VFMADD231PS Z14, Z4, Z2
+	FTAIL_BF16((DX), Z15)
+	VFMADD231PS Z15, Z4, Z3
+	ADDQ        $32, AX
+	ADDQ        $32, DX
+	ADDQ        $64, SI
+	SUBQ        $16, CX
+	JGT         bf16tail16
+
+bf16done:
+	VADDPS  Z8, Z0, Z0
+	VADDPS  Z9, Z1, Z1
+	VADDPS  Z10, Z2, Z2
+	VADDPS  Z11, Z3, Z3
+	HSUM4
+	MOVQ    out+32(FP), AX
+	VMOVUPS X0, (AX)
+	VZEROUPPER
+	RET

@@ -49,7 +49,7 @@ func shapes(d quant.DType) [][2]int {
 	if d == quant.Q4TP {
 		return [][2]int{{1, 32}, {3, 64}, {4, 96}, {5, 32}, {13, 256}, {9, 160}}
 	}
-	return [][2]int{{1, 1}, {3, 7}, {4, 8}, {5, 33}, {13, 100}, {9, 256}, {2, 15}}
+	return [][2]int{{1, 1}, {3, 7}, {4, 8}, {5, 33}, {13, 100}, {9, 256}, {2, 15}, {4, 31}, {8, 47}, {5, 64}, {4, 1000}}
 }
 
 // absDot returns Σ|W[r,i]·x[i]| of the stored (decoded) weights: the scale
@@ -67,6 +67,12 @@ func absDot(c quant.Codec, m *Mat, r int, x []float32) float64 {
 // TestRowKernelsMatchReference compares every format's fast row dot (and
 // dot4 and decode) with the codec's plain DotRow/DecodeRow.
 func TestRowKernelsMatchReference(t *testing.T) {
+	for _, l := range isaLevels() {
+		withISA(t, l, func() { testRowKernels(t, l) })
+	}
+}
+
+func testRowKernels(t *testing.T, l isaLevel) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, d := range floatFormats {
 		c, err := quant.CodecFor(d)
@@ -76,7 +82,7 @@ func TestRowKernelsMatchReference(t *testing.T) {
 		k := kernelFor(d)
 		for _, sh := range shapes(d) {
 			rows, cols := sh[0], sh[1]
-			t.Run(fmt.Sprintf("%s/%dx%d", d, rows, cols), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/%s/%dx%d", l, d, rows, cols), func(t *testing.T) {
 				m, _ := randMat(t, r, d, rows, cols)
 				// An unaligned view of x: start one element into a buffer.
 				x := randVec(r, cols+1)[1:]

@@ -430,3 +430,27 @@ func TestMatMulTiles(t *testing.T) {
 		}
 	}
 }
+
+// TestDot4f compares MatMul's inner kernel in use with the plain dot4 on
+// contiguous rows (the assembly path) and on separate ones (its fallback).
+func TestDot4f(t *testing.T) {
+	r := rand.New(rand.NewPCG(19, 20))
+	for _, n := range []int{1, 3, 15, 16, 17, 31, 32, 33, 64, 100, 2048} {
+		buf := randVec(r, 4*n+1)[1:]
+		x := randVec(r, n+2)[2:]
+		sep := [4][]float32{randVec(r, n), randVec(r, n), randVec(r, n), randVec(r, n)}
+		for _, w := range [][4][]float32{{buf[:n], buf[n : 2*n], buf[2*n : 3*n], buf[3*n:]}, sep} {
+			a0, a1, a2, a3 := dot4f(w[0], w[1], w[2], w[3], x)
+			b0, b1, b2, b3 := dot4(w[0], w[1], w[2], w[3], x)
+			for i, p := range [][2]float32{{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}} {
+				var mag float64
+				for j := range x {
+					mag += math.Abs(float64(w[i][j] * x[j]))
+				}
+				if d := math.Abs(float64(p[0] - p[1])); d > 1e-6*mag {
+					t.Fatalf("n=%d row %d: %g, dot4 %g", n, i, p[0], p[1])
+				}
+			}
+		}
+	}
+}
