@@ -1,18 +1,44 @@
 package kernels
 
 import (
+	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/cortiq/cortiq/quant"
 )
 
+var isaFlag = flag.String("isa", "", "run the tests and benchmarks with this kernel set (generic, avx2, avx512) instead of the CPU's best")
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if *isaFlag != "" {
+		found := false
+		for l := isaGeneric; l <= isaAVX512; l++ {
+			if l.String() == *isaFlag {
+				if l > bestISA() {
+					fmt.Fprintf(os.Stderr, "kernels: -isa=%s is not supported by this CPU\n", l)
+					os.Exit(2)
+				}
+				useISA(l)
+				found = true
+			}
+		}
+		if !found {
+			fmt.Fprintf(os.Stderr, "kernels: unknown -isa=%q\n", *isaFlag)
+			os.Exit(2)
+		}
+	}
+	os.Exit(m.Run())
+}
+
 // Benchmarks per kernel and shape. MB/s is weight bytes streamed per
 // second (b.SetBytes(weight bytes)), so it reads as memory bandwidth;
 // the shapes are Llama-3.2-1B's matrices (q/o, gate/up, down, head).
 //
-//	go test ./kernels -run XXX -bench . -benchtime 2s
+//	go test ./kernels -run XXX -bench . -benchtime 2s [-args -isa=avx2]
 var benchShapes = [][2]int{{2048, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048}}
 
 // benchMat encodes a rows×cols matrix quickly: random stored bytes with

@@ -54,7 +54,11 @@ func bestISA() isaLevel {
 }
 
 func installISA(l isaLevel) {
-	if l < isaAVX512 {
+	if l < isaAVX2 {
+		return
+	}
+	if l == isaAVX2 {
+		installAVX2()
 		return
 	}
 	quantizeRow = quantizeRowAVX512

@@ -434,6 +434,12 @@ func TestMatMulTiles(t *testing.T) {
 // TestDot4f compares MatMul's inner kernel in use with the plain dot4 on
 // contiguous rows (the assembly path) and on separate ones (its fallback).
 func TestDot4f(t *testing.T) {
+	for _, l := range isaLevels() {
+		withISA(t, l, func() { testDot4f(t) })
+	}
+}
+
+func testDot4f(t *testing.T) {
 	r := rand.New(rand.NewPCG(19, 20))
 	for _, n := range []int{1, 3, 15, 16, 17, 31, 32, 33, 64, 100, 2048} {
 		buf := randVec(r, 4*n+1)[1:]
@@ -448,7 +454,7 @@ func TestDot4f(t *testing.T) {
 					mag += math.Abs(float64(w[i][j] * x[j]))
 				}
 				if d := math.Abs(float64(p[0] - p[1])); d > 1e-6*mag {
-					t.Fatalf("n=%d row %d: %g, dot4 %g", n, i, p[0], p[1])
+					t.Fatalf("%s n=%d row %d: %g, dot4 %g", ISA(), n, i, p[0], p[1])
 				}
 			}
 		}
