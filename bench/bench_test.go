@@ -58,3 +58,13 @@ func TestBenchTinyModel(t *testing.T) {
 		t.Fatalf("table:\n%s", sb.String())
 	}
 }
+
+func TestSumWideMatchesScalar(t *testing.T) {
+	b := make([]uint64, 1000+37)
+	for i := range b {
+		b[i] = uint64(i)*0x9e3779b97f4a7c15 + 7
+	}
+	if s, ok := sumWide(b); ok && s != sumWords(b) {
+		t.Fatalf("wide sum %d, scalar %d", s, sumWords(b))
+	}
+}
