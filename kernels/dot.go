@@ -362,7 +362,7 @@ func dotQ4TP(m *Mat, r int, x []float32) float32 {
 	gpr := m.Cols / quant.GroupSize
 	nib := m.Data[r*gpr*16 : (r+1)*gpr*16]
 	codes := m.codes[r*m.cstr : (r+1)*m.cstr]
-	lad := m.lad[32*r : 32*r+32 : 32*r+32]
+	lad := m.ladder()[32*r : 32*r+32 : 32*r+32]
 	x = x[:m.Cols]
 	var acc float32
 	for g0 := 0; g0 < gpr; g0 += 8 {
@@ -383,7 +383,7 @@ func dot4Q4TP(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
 	n0, n1, n2, n3 := nib[:nb], nib[nb:2*nb], nib[2*nb:3*nb], nib[3*nb:]
 	cs := m.cstr
 	codes := m.codes[r*cs : (r+4)*cs]
-	lad := m.lad[32*r : 32*r+128 : 32*r+128]
+	lad := m.ladder()[32*r : 32*r+128 : 32*r+128]
 	l0, l1, l2, l3 := lad[:32:32], lad[32:64:64], lad[64:96:96], lad[96:128:128]
 	x = x[:m.Cols]
 	var a0, a1, a2, a3 float32
@@ -426,7 +426,7 @@ func decodeQ4TP(m *Mat, r int, dst []float32) float32 {
 	gpr := m.Cols / quant.GroupSize
 	nib := m.Data[r*gpr*16 : (r+1)*gpr*16]
 	codes := m.codes[r*m.cstr : (r+1)*m.cstr]
-	lad := m.lad[32*r : 32*r+32 : 32*r+32]
+	lad := m.ladder()[32*r : 32*r+32 : 32*r+32]
 	t := &nibf
 	for g0 := 0; g0 < gpr; g0 += 8 {
 		cw := q4tpCodes8(codes, g0)

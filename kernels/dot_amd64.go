@@ -22,11 +22,19 @@ import (
 //go:noescape
 func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, out *[4]float32)
 
-// q4row locates one q4tp row for q4tpDot4AVX512.
+// q4row locates one q4tp row for the q4tp kernels.
 type q4row struct {
 	nib   *byte    // the row's nibbles
 	codes *byte    // its codes; 16 bytes from each multiple of 10 below the code stride must be readable
-	lad   *float32 // its 32 rungs
+	lad   *float32 // its 32 rungs: the AVX-512 kernels write them there from ab
+	ab    *byte    // its ladder parameters (f16 a, b)
+}
+
+// q4rowAt returns row r of m for the AVX-512 kernels, its rungs to be
+// computed into lad.
+func q4rowAt(m *Mat, r int, lad *[32]float32) q4row {
+	nb := m.Cols / 2
+	return q4row{nib: &m.Data[r*nb], codes: m.codePtr(r), lad: &lad[0], ab: &m.params[4*r]}
 }
 
 // q4tpDot4AVX512 sets out[i] to the q4tp dot of rows[i] (gpr groups) with
@@ -106,19 +114,20 @@ func q4tpRowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 	gpr := m.Cols / quant.GroupSize
 	nb := 16 * gpr
 	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[(gpr+15)/16*16-1], x.s[(gpr+15)/16*16-1]
-	_, _, _ = m.Data[hi*nb-1], m.lad[32*hi-1], y[hi-1]
+	_, _ = m.Data[hi*nb-1], y[hi-1]
 	var out [4]float32
 	var rs [4]q4row
+	var lad [4][32]float32
 	r := lo
 	for ; r+4 <= hi; r += 4 {
 		for i := range rs {
-			rs[i] = q4row{&m.Data[(r+i)*nb], m.codePtr(r + i), &m.lad[32*(r+i)]}
+			rs[i] = q4rowAt(m, r+i, &lad[i])
 		}
 		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
 		y[r], y[r+1], y[r+2], y[r+3] = out[0], out[1], out[2], out[3]
 	}
 	for ; r < hi; r++ {
-		rs[0] = q4row{&m.Data[r*nb], m.codePtr(r), &m.lad[32*r]}
+		rs[0] = q4rowAt(m, r, &lad[0])
 		rs[1], rs[2], rs[3] = rs[0], rs[0], rs[0]
 		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
 		y[r] = out[0]
@@ -162,15 +171,16 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 	}
 	buf := (*scratch)[:need]
 	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
-	_, _, _ = m.Data[hi*nb-1], m.lad[32*hi-1], y[n*rows-1]
+	_, _ = m.Data[hi*nb-1], y[n*rows-1]
 	tile := max(1, mmTileBytes/x.qstride)
 	var rs [4]q4row
+	var lad [4][32]float32
 	for j0 := 0; j0 < n; j0 += tile {
 		nt := min(tile, n-j0)
 		r := lo
 		for ; r+4 <= hi; r += 4 {
 			for i := range rs {
-				rs[i] = q4row{&m.Data[(r+i)*nb], m.codePtr(r + i), &m.lad[32*(r+i)]}
+				rs[i] = q4rowAt(m, r+i, &lad[i])
 			}
 			q4tpUnpack4AVX512(&rs, gpr, &buf[0])
 			q4tpMM4AVX512(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)

@@ -215,6 +215,87 @@ DATA chunkIdx3<>+0x30(SB)/8, $0x0000000f0000000f
 DATA chunkIdx3<>+0x38(SB)/8, $0x0000000f0000000f
 GLOBL chunkIdx3<>(SB), RODATA|NOPTR, $64
 
+// exp2 on [-1/2, 1/2]: Taylor coefficients of 2^f = e^(f·ln2), degree 7
+// (truncation error 5e-9 relative), for the q4tp ladders.
+DATA exp2c0<>+0(SB)/4, $0x3f800000
+GLOBL exp2c0<>(SB), RODATA|NOPTR, $4
+DATA exp2c1<>+0(SB)/4, $0x3f317218
+GLOBL exp2c1<>(SB), RODATA|NOPTR, $4
+DATA exp2c2<>+0(SB)/4, $0x3e75fdf0
+GLOBL exp2c2<>(SB), RODATA|NOPTR, $4
+DATA exp2c3<>+0(SB)/4, $0x3d635847
+GLOBL exp2c3<>(SB), RODATA|NOPTR, $4
+DATA exp2c4<>+0(SB)/4, $0x3c1d955b
+GLOBL exp2c4<>(SB), RODATA|NOPTR, $4
+DATA exp2c5<>+0(SB)/4, $0x3aaec3ff
+GLOBL exp2c5<>(SB), RODATA|NOPTR, $4
+DATA exp2c6<>+0(SB)/4, $0x39218489
+GLOBL exp2c6<>(SB), RODATA|NOPTR, $4
+DATA exp2c7<>+0(SB)/4, $0x377fe5fe
+GLOBL exp2c7<>(SB), RODATA|NOPTR, $4
+
+// The rung indexes 0..31 as float32.
+DATA rungK<>+0x00(SB)/8, $0x3f80000000000000
+DATA rungK<>+0x08(SB)/8, $0x4040000040000000
+DATA rungK<>+0x10(SB)/8, $0x40a0000040800000
+DATA rungK<>+0x18(SB)/8, $0x40e0000040c00000
+DATA rungK<>+0x20(SB)/8, $0x4110000041000000
+DATA rungK<>+0x28(SB)/8, $0x4130000041200000
+DATA rungK<>+0x30(SB)/8, $0x4150000041400000
+DATA rungK<>+0x38(SB)/8, $0x4170000041600000
+DATA rungK<>+0x40(SB)/8, $0x4188000041800000
+DATA rungK<>+0x48(SB)/8, $0x4198000041900000
+DATA rungK<>+0x50(SB)/8, $0x41a8000041a00000
+DATA rungK<>+0x58(SB)/8, $0x41b8000041b00000
+DATA rungK<>+0x60(SB)/8, $0x41c8000041c00000
+DATA rungK<>+0x68(SB)/8, $0x41d8000041d00000
+DATA rungK<>+0x70(SB)/8, $0x41e8000041e00000
+DATA rungK<>+0x78(SB)/8, $0x41f8000041f00000
+GLOBL rungK<>(SB), RODATA|NOPTR, $128
+
+// EXP2 replaces e by 2^e (within 2 ulp; 0 or +Inf out of range) using n.
+#define EXP2(e, n, p) \
+	VRNDSCALEPS      $0, e, n; \
+	VSUBPS           n, e, e; \
+	VBROADCASTSS     exp2c7<>(SB), p; \
+	VFMADD213PS.BCST exp2c6<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c5<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c4<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c3<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c2<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c1<>(SB), e, p; \
+	VFMADD213PS.BCST exp2c0<>(SB), e, p; \
+	VSCALEFPS        n, p, e
+
+// LADDER writes the 32 rungs exp2(a + k·b) (k·b rounded before the add,
+// as the format specifies) of a q4tp row to dst, from the row's f16 ladder
+// parameters a, b at ab. Clobbers AX and Z10..Z15.
+#define LADDER(ab, dst) \
+	MOVWLZX      (ab), AX; \
+	VMOVD        AX, X10; \
+	VCVTPH2PS    X10, X10; \
+	VBROADCASTSS X10, Z10; \
+	MOVWLZX      2(ab), AX; \
+	VMOVD        AX, X11; \
+	VCVTPH2PS    X11, X11; \
+	VBROADCASTSS X11, Z11; \
+	VMULPS       rungK<>(SB), Z11, Z12; \
+	VMULPS       rungK<>+64(SB), Z11, Z13; \
+	VADDPS       Z10, Z12, Z12; \
+	VADDPS       Z10, Z13, Z13; \
+	EXP2(Z12, Z14, Z15); \
+	EXP2(Z13, Z10, Z11); \
+	VMOVUPS      Z12, (dst); \
+	VMOVUPS      Z13, 64(dst)
+
+// LADDERS computes the ladders of the four rows of the q4row array at
+// DX into their lad pointers (clobbers R12, R13).
+#define LADDERS \
+	MOVQ 16(DX), R12; MOVQ 24(DX), R13; LADDER(R13, R12); \
+	MOVQ 48(DX), R12; MOVQ 56(DX), R13; LADDER(R13, R12); \
+	MOVQ 80(DX), R12; MOVQ 88(DX), R13; LADDER(R13, R12); \
+	MOVQ 112(DX), R12; MOVQ 120(DX), R13; LADDER(R13, R12)
+
 // Q4SCALES computes a row's scales for the next 16 groups into sc: the
 // 80 code bits at the row's code pointer plus SI give 16 rung indexes,
 // which pick rungs from the row's ladder (masked by K3 past the row's
@@ -280,10 +361,11 @@ GLOBL chunkIdx3<>(SB), RODATA|NOPTR, $64
 // func q4tpDot4AVX512(rows *[4]q4row, gpr int, x *byte, d *float32, s *int32, out *[4]float32)
 TEXT ·q4tpDot4AVX512(SB), NOSPLIT, $0-48
 	MOVQ rows+0(FP), DX
+	LADDERS
 	MOVQ 0(DX), R8
-	MOVQ 24(DX), R9
-	MOVQ 48(DX), R10
-	MOVQ 72(DX), R11
+	MOVQ 32(DX), R9
+	MOVQ 64(DX), R10
+	MOVQ 96(DX), R11
 	MOVQ gpr+8(FP), BX
 	MOVQ BX, AX
 	SHLQ $4, AX
@@ -350,9 +432,9 @@ q4s1:
 	VMOVUPS   (R12), Z22
 	VCVTDQ2PS (R13), Z23
 	Q4SCALES(8, 16, Z6, Z0)
-	Q4SCALES(32, 40, Z7, Z1)
-	Q4SCALES(56, 64, Z8, Z2)
-	Q4SCALES(80, 88, Z9, Z3)
+	Q4SCALES(40, 48, Z7, Z1)
+	Q4SCALES(72, 80, Z8, Z2)
+	Q4SCALES(104, 112, Z9, Z3)
 	Q4CHUNK(Z24)
 	Q4CHUNK(Z25)
 	Q4CHUNK(Z26)
@@ -596,10 +678,11 @@ sdone:
 // func q4tpUnpack4AVX512(rows *[4]q4row, gpr int, dst *byte)
 TEXT ·q4tpUnpack4AVX512(SB), NOSPLIT, $0-24
 	MOVQ rows+0(FP), DX
+	LADDERS
 	MOVQ 0(DX), R8
-	MOVQ 24(DX), R9
-	MOVQ 48(DX), R10
-	MOVQ 72(DX), R11
+	MOVQ 32(DX), R9
+	MOVQ 64(DX), R10
+	MOVQ 96(DX), R11
 	MOVQ gpr+8(FP), BX
 	MOVQ dst+16(FP), DI
 
@@ -664,9 +747,9 @@ u4super:
 	KMOVW K5, K3
 u4s1:
 	Q4RUNGS(8, 16, 0)
-	Q4RUNGS(32, 40, 64)
-	Q4RUNGS(56, 64, 128)
-	Q4RUNGS(80, 88, 192)
+	Q4RUNGS(40, 48, 64)
+	Q4RUNGS(72, 80, 128)
+	Q4RUNGS(104, 112, 192)
 	ADDQ $10, SI
 	ADDQ $256, DI
 	SUBQ $16, R12

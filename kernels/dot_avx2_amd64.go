@@ -89,19 +89,20 @@ func q4tpRowsAVX2(m *Mat, lo, hi int, x qvec, y []float32) {
 	gpr := m.Cols / quant.GroupSize
 	nb := 16 * gpr
 	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[gpr-1], x.s[gpr-1]
-	_, _, _ = m.Data[hi*nb-1], m.lad[32*hi-1], y[hi-1]
+	lad := m.ladder()
+	_, _, _ = m.Data[hi*nb-1], lad[32*hi-1], y[hi-1]
 	var out [4]float32
 	var rs [4]q4row
 	r := lo
 	for ; r+4 <= hi; r += 4 {
 		for i := range rs {
-			rs[i] = q4row{&m.Data[(r+i)*nb], m.codePtr(r + i), &m.lad[32*(r+i)]}
+			rs[i] = q4row{nib: &m.Data[(r+i)*nb], codes: m.codePtr(r + i), lad: &lad[32*(r+i)]}
 		}
 		q4tpDot4AVX2(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
 		y[r], y[r+1], y[r+2], y[r+3] = out[0], out[1], out[2], out[3]
 	}
 	for ; r < hi; r++ {
-		rs[0] = q4row{&m.Data[r*nb], m.codePtr(r), &m.lad[32*r]}
+		rs[0] = q4row{nib: &m.Data[r*nb], codes: m.codePtr(r), lad: &lad[32*r]}
 		rs[1], rs[2], rs[3] = rs[0], rs[0], rs[0]
 		q4tpDot4AVX2(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
 		y[r] = out[0]

@@ -45,13 +45,36 @@ type side struct {
 	u16   []uint16  // F16, BF16: Data viewed as uint16
 	scale []float32 // Q8Row, Q82F: per-row scale; Q4TP: unused
 	col   []float32 // Q82F: column field
-	lad   []float32 // Q4TP: 32 rungs per row
+	lad   []float32 // Q4TP: 32 rungs per row, built on first use (ladder)
+	// Q4TP: the rows' ladder parameters (f16 a, b per row).
+	params  []byte
+	ladOnce sync.Once
 	codes []byte    // Q4TP: code section (Q4TPCodeStride bytes per row)
 	cstr  int       // Q4TP: code bytes per row
 	// Q4TP: a copy of the codes of the rows from codesEnd0 on, followed by
 	// 16 zero bytes, for kernels that read codes in 16-byte loads.
 	codesEnd  []byte
 	codesEnd0 int
+}
+
+// ladder returns the q4tp rungs of every row (32 per row), computed on
+// first use: the AVX-512 kernels compute them on the fly from the ladder
+// parameters instead of reading 128 bytes a row.
+func (m *Mat) ladder() []float32 {
+	m.ladOnce.Do(func() {
+		lad := make([]float32, 32*m.Rows)
+		for r := range m.Rows {
+			a := half.F16ToF32(binary.LittleEndian.Uint16(m.params[4*r:]))
+			b := half.F16ToF32(binary.LittleEndian.Uint16(m.params[4*r+2:]))
+			l := lad[32*r : 32*r+32]
+			for k := range l {
+				e := a + float32(float32(k)*b) // as the codec: no FMA
+				l[k] = float32(math.Exp2(float64(e)))
+			}
+		}
+		m.lad = lad
+	})
+	return m.lad
 }
 
 // codePtr returns a pointer to row r's q4tp codes from which 16 bytes
@@ -138,16 +161,7 @@ func (m *Mat) prepare() error {
 		m.codes = m.Data[po+4*m.Rows:]
 		m.codesEnd0 = max(0, m.Rows-16/m.cstr-1)
 		m.codesEnd = append(m.codes[m.codesEnd0*m.cstr:len(m.codes):len(m.codes)], make([]byte, 16)...)
-		m.lad = make([]float32, 32*m.Rows)
-		for r := 0; r < m.Rows; r++ {
-			a := half.F16ToF32(binary.LittleEndian.Uint16(m.Data[po+4*r:]))
-			b := half.F16ToF32(binary.LittleEndian.Uint16(m.Data[po+4*r+2:]))
-			l := m.lad[32*r : 32*r+32]
-			for k := range l {
-				e := a + float32(float32(k)*b) // as the codec: no FMA
-				l[k] = float32(math.Exp2(float64(e)))
-			}
-		}
+		m.params = m.Data[po : po+4*m.Rows]
 	}
 	return nil
 }

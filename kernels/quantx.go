@@ -205,7 +205,7 @@ func dotQ4TPInt(m *Mat, r int, x qvec) float32 {
 	gpr := m.Cols / quant.GroupSize
 	nib := m.Data[r*gpr*16 : (r+1)*gpr*16]
 	codes := m.codes[r*m.cstr : (r+1)*m.cstr]
-	lad := m.lad[32*r : 32*r+32]
+	lad := m.ladder()[32*r : 32*r+32]
 	var acc float32
 	for g := range gpr {
 		c, k := g/4*128, g%4*16

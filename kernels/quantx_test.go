@@ -163,7 +163,7 @@ func intMag(m *Mat, r int, v qvec) float64 {
 			for i := range 16 {
 				a += 15 * (math.Abs(float64(int8(v.q[c+k+i]))) + math.Abs(float64(int8(v.q[c+64+k+i]))))
 			}
-			s += a * math.Abs(float64(v.d[g])*float64(m.lad[32*r+q4tpCode(codes, g)]))
+			s += a * math.Abs(float64(v.d[g])*float64(m.ladder()[32*r+q4tpCode(codes, g)]))
 		}
 		return s
 	}
@@ -459,6 +459,58 @@ func testDot4f(t *testing.T) {
 					t.Fatalf("%s n=%d row %d: %g, dot4 %g", ISA(), n, i, p[0], p[1])
 				}
 			}
+		}
+	}
+}
+
+// TestQ4TPLadder checks the rungs the kernels use (the AVX-512 ones compute
+// them on the fly with a polynomial exp2) against the correctly rounded
+// reference: a row whose group g has code g and first weight -8 (nibble
+// 0; the others 0), dotted with one-hot inputs, returns -8·127 times rung
+// g times the input's scale, with no other rounding.
+func TestQ4TPLadder(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	const gpr = 32
+	for trial := range 200 {
+		a := float32(r.NormFloat64() * 20)
+		b := float32(r.NormFloat64())
+		if trial < 3 {
+			a, b = []float32{0, -14, 7}[trial], []float32{0, 0.5, -0.25}[trial]
+		}
+		if math.Abs(float64(a))+31*math.Abs(float64(b)) > 120 {
+			continue
+		}
+		m := rawMat(t, r, quant.Q4TP, 1, 32*gpr, func(i int) byte {
+			if i%16 == 0 {
+				return 0x80
+			}
+			return 0x88
+		}, func(_, k int) float32 { return []float32{a, b}[k] })
+		clear(m.codes)
+		for g := range gpr {
+			for j := range 5 {
+				m.codes[(5*g+j)/8] |= byte(g>>j&1) << ((5*g + j) % 8)
+			}
+		}
+		copy(m.codesEnd, m.codes)
+		ref := m.ladder()
+		for _, l := range isaLevels()[1:] {
+			withISA(t, l, func() {
+				k := kernelTable[quant.Q4TP]
+				for g := range gpr {
+					x := make([]float32, 32*gpr)
+					x[32*g] = 1
+					var qb qbatch
+					qb.reset(qNib, len(x), 1)
+					qb.quantize(x)
+					y := make([]float32, 1)
+					k.qrows(m, 0, 1, qb.pos(0), y)
+					want := float32(-8*127) * (ref[g] * qb.d[g])
+					if d := math.Abs(float64(y[0]-want)) / math.Abs(float64(want)); !(d <= 2.5e-7) {
+						t.Fatalf("%s a=%g b=%g rung %d: kernel %g, reference %g (rel %g)", l, a, b, g, y[0], want, d)
+					}
+				}
+			})
 		}
 	}
 }
