@@ -49,8 +49,8 @@ type side struct {
 	// Q4TP: the rows' ladder parameters (f16 a, b per row).
 	params  []byte
 	ladOnce sync.Once
-	codes []byte    // Q4TP: code section (Q4TPCodeStride bytes per row)
-	cstr  int       // Q4TP: code bytes per row
+	codes   []byte // Q4TP: code section (Q4TPCodeStride bytes per row)
+	cstr    int    // Q4TP: code bytes per row
 	// Q4TP: a copy of the codes of the rows from codesEnd0 on, followed by
 	// 16 zero bytes, for kernels that read codes in 16-byte loads.
 	codesEnd  []byte
