@@ -72,6 +72,7 @@ func useISA(l isaLevel) isaLevel {
 	kernelTable = genericTable
 	quantizeRow = quantizeRowGo
 	dot4f = dot4
+	dotVec, axpyVec, siluMulVec = dotGo, axpyGo, siluMulGo
 	installISA(l)
 	isa = l
 	return prev
@@ -88,10 +89,22 @@ func kernelFor(d quant.DType) *dtypeKernel {
 	return &kernelTable[d]
 }
 
-// Dot returns Σ a[i]·b[i] over len(a) (b must be at least as long). Four
-// accumulators each taking two products per step measured fastest in
-// plain Go (no FMA, no SIMD); the same shape is used by every row kernel.
+// Dot returns Σ a[i]·b[i] over len(a) (b must be at least as long).
 func Dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	if len(a) == 0 {
+		return 0
+	}
+	return dotVec(a, b)
+}
+
+// dotVec is Dot's kernel in use: dotGo or an assembly twin.
+var dotVec = dotGo
+
+// dotGo is the plain Dot. Four accumulators each taking two products per
+// step measured fastest in plain Go (no FMA, no SIMD); the same shape is
+// used by every row kernel.
+func dotGo(a, b []float32) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32
 	i := 0

@@ -71,6 +71,7 @@ func installISA(l isaLevel) {
 	}
 	quantizeRow = quantizeRowAVX512
 	dot4f = dot4AVX512
+	dotVec, axpyVec, siluMulVec = dotOpAVX512, axpyOpAVX512, siluMulOpAVX512
 	kernelTable[quant.F32].dot, kernelTable[quant.F32].dot4 = dotF32AVX512, dot4F32AVX512
 	kernelTable[quant.F16].dot, kernelTable[quant.F16].dot4 = dotF16AVX512, dot4F16AVX512
 	kernelTable[quant.BF16].dot, kernelTable[quant.BF16].dot4 = dotBF16AVX512, dot4BF16AVX512
@@ -183,6 +184,10 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 				rs[i] = q4rowAt(m, r+i, &lad[i])
 			}
 			q4tpUnpack4AVX512(&rs, gpr, &buf[0])
+			if (r+8)*nb <= len(m.Data) {
+				// The next block's nibbles arrive while this one runs.
+				prefetchL2(&m.Data[(r+4)*nb], 4*nb)
+			}
 			q4tpMM4AVX512(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
 		}
 		if r < hi {
@@ -268,3 +273,8 @@ func dot4AVX512(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32
 	f32Dot4AVX512(&w0[0], 4*n, n, &x[0], &out)
 	return out[0], out[1], out[2], out[3]
 }
+
+// prefetchL2 prefetches the n bytes at p into L2.
+//
+//go:noescape
+func prefetchL2(p *byte, n int)

@@ -1122,3 +1122,22 @@ bf16done:
 	VMOVUPS X0, (AX)
 	VZEROUPPER
 	RET
+
+// func prefetchL2(p *byte, n int)
+//
+// Prefetches the n bytes at p into L2, one instruction per 64 bytes.
+TEXT ·prefetchL2(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), SI
+	MOVQ n+8(FP), CX
+	ADDQ $63, CX
+	SHRQ $6, CX
+	JZ   pdone
+
+ploop:
+	PREFETCHT1 (SI)
+	ADDQ       $64, SI
+	DECQ       CX
+	JNZ        ploop
+
+pdone:
+	RET

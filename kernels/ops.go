@@ -50,6 +50,16 @@ func Softmax(x []float32) {
 // (the SwiGLU gate: down(silu(gate(x)) ⊙ up(x))).
 func SiLUMul(a, b []float32) {
 	b = b[:len(a)]
+	if len(a) > 0 {
+		siluMulVec(a, b)
+	}
+}
+
+// siluMulVec is SiLUMul's kernel in use: siluMulGo or an assembly twin.
+var siluMulVec = siluMulGo
+
+func siluMulGo(a, b []float32) {
+	b = b[:len(a)]
 	for i, v := range a {
 		a[i] = v / (1 + Exp(-v)) * b[i]
 	}
@@ -65,6 +75,16 @@ func Add(dst, x []float32) {
 
 // AXPY computes y[i] += a·x[i].
 func AXPY(y []float32, a float32, x []float32) {
+	x = x[:len(y)]
+	if len(y) > 0 {
+		axpyVec(y, a, x)
+	}
+}
+
+// axpyVec is AXPY's kernel in use: axpyGo or an assembly twin.
+var axpyVec = axpyGo
+
+func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	i := 0
 	for ; i+4 <= len(y); i += 4 {
