@@ -77,6 +77,7 @@ func installISA(l isaLevel) {
 	kernelTable[quant.BF16].dot, kernelTable[quant.BF16].dot4 = dotBF16AVX512, dot4BF16AVX512
 	for _, d := range []quant.DType{quant.Q8Row, quant.Q82F} {
 		kernelTable[d].qx, kernelTable[d].qrows = qPlain, q8RowsAVX512
+		kernelTable[d].qmm = q8MatMulAVX512
 	}
 	kernelTable[quant.Q4TP].qx, kernelTable[quant.Q4TP].qrows = qNib, q4tpRowsAVX512
 	kernelTable[quant.Q4TP].qmm = q4tpMatMulAVX512
@@ -278,3 +279,51 @@ func dot4AVX512(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32
 //
 //go:noescape
 func prefetchL2(p *byte, n int)
+
+// q8Unpack4AVX512 copies the four n-column rows at w (stride bytes apart)
+// into dst for q8MM4AVX512: per 64 columns, the four rows' bytes with the
+// top bit flipped (zero weights past n); ⌈n/64⌉·256 bytes.
+//
+//go:noescape
+func q8Unpack4AVX512(w *byte, stride, n int, dst *byte)
+
+// q8MM4AVX512 is q4tpMM4AVX512 for an unpacked q8 block of chunks
+// 64-column chunks, the results multiplied by the rows' scales.
+//
+//go:noescape
+func q8MM4AVX512(w *byte, chunks int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+
+// q8MatMulAVX512 sets Y[j·Rows+r] for rows [lo, hi) and every position of
+// x (q8_row, q8_2f): each block of four rows is unpacked once per tile of
+// positions.
+func q8MatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
+	c := m.Cols
+	chunks := (c + 63) / 64
+	rows, n := m.Rows, x.n
+	need := 256 * chunks
+	if cap(*scratch) < need {
+		*scratch = make([]byte, need)
+	}
+	buf := (*scratch)[:need]
+	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
+	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[n*rows-1]
+	tile := max(1, mmTileBytes/x.qstride)
+	var sc [4]float32
+	for j0 := 0; j0 < n; j0 += tile {
+		nt := min(tile, n-j0)
+		r := lo
+		for ; r+4 <= hi; r += 4 {
+			q8Unpack4AVX512(&m.Data[r*c], c, c, &buf[0])
+			if (r+8)*c <= len(m.Data) {
+				prefetchL2(&m.Data[(r+4)*c], 4*c)
+			}
+			copy(sc[:], m.scale[r:r+4])
+			q8MM4AVX512(&buf[0], chunks, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows, &sc)
+		}
+		if r < hi {
+			for j := j0; j < j0+nt; j++ {
+				q8RowsAVX512(m, r, hi, x.pos(j), y[j*rows:(j+1)*rows])
+			}
+		}
+	}
+}

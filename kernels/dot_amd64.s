@@ -1141,3 +1141,121 @@ ploop:
 
 pdone:
 	RET
+
+// Prefill for q8_row/q8_2f: a block of four rows is copied once into an L1
+// scratch with each weight's top bit flipped (w+128 as unsigned), 64
+// columns of the four rows after each other; every position then runs
+// over it. Same arithmetic as q8Dot4AVX512.
+
+// func q8Unpack4AVX512(w *byte, stride, n int, dst *byte)
+TEXT ·q8Unpack4AVX512(SB), NOSPLIT, $0-32
+	MOVQ w+0(FP), AX
+	MOVQ stride+8(FP), BX
+	MOVQ n+16(FP), CX
+	MOVQ dst+24(FP), DI
+	LEAQ (AX)(BX*2), DX
+	ADDQ BX, DX
+	MOVL         $0x80808080, R9
+	VPBROADCASTD R9, Z31
+
+u8loop:
+	TESTQ CX, CX
+	JLE   u8done
+	MOVQ  $-1, R9
+	CMPQ  CX, $64
+	JGE   u8full
+	MOVQ  $1, R9
+	SHLQ  CX, R9
+	DECQ  R9
+u8full:
+	KMOVQ      R9, K1
+	VMOVDQU8.Z (AX), K1, Z0
+	VMOVDQU8.Z (AX)(BX*1), K1, Z1
+	VMOVDQU8.Z (AX)(BX*2), K1, Z2
+	VMOVDQU8.Z (DX), K1, Z3
+	VPXORD     Z31, Z0, Z0
+	VPXORD     Z31, Z1, Z1
+	VPXORD     Z31, Z2, Z2
+	VPXORD     Z31, Z3, Z3
+	VMOVDQU8   Z0, (DI)
+	VMOVDQU8   Z1, 64(DI)
+	VMOVDQU8   Z2, 128(DI)
+	VMOVDQU8   Z3, 192(DI)
+	ADDQ       $64, AX
+	ADDQ       $64, DX
+	ADDQ       $256, DI
+	SUBQ       $64, CX
+	JMP        u8loop
+
+u8done:
+	VZEROUPPER
+	RET
+
+// Q8MMROW is one row of q8MM4AVX512 over a chunk of the scratch.
+#define Q8MMROW(off, t, a, acc) \
+	VMOVDQU8    off(R8), t; \
+	VMOVDQA64   Z6, a; \
+	VPDPBUSD    Z4, t, a; \
+	VCVTDQ2PS   a, a; \
+	VFMADD231PS Z5, a, acc
+
+// func q8MM4AVX512(w *byte, chunks int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+//
+// For each of npos positions (inputs at x + j·xstride, scales and biases
+// at d, s + j·bstride bytes) writes the four rows' dots (times scale) from
+// the scratch w of chunks 64-column chunks to out + j·ostride bytes.
+TEXT ·q8MM4AVX512(SB), NOSPLIT, $0-88
+	MOVQ      x+16(FP), SI
+	MOVQ      d+32(FP), BX
+	MOVQ      s+40(FP), DX
+	MOVQ      npos+56(FP), R10
+	MOVQ      out+64(FP), R11
+	MOVQ      scale+80(FP), AX
+	VMOVUPS   (AX), X28
+	VMOVDQU32 idx2x8<>(SB), Z30
+	MOVL      $0x0101, R9
+	KMOVW     R9, K2
+
+m8loop:
+	TESTQ  R10, R10
+	JZ     m8done
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   w+0(FP), R8
+	MOVQ   SI, DI
+	MOVQ   BX, R12
+	MOVQ   DX, R13
+	MOVQ   chunks+8(FP), CX
+
+m8chunk:
+	VMOVDQU8 (DI), Z4
+	VMOVQ    (R12), X5
+	VPERMD   Z5, Z30, Z5
+	VMOVQ    (R13), X6
+	VPERMD.Z Z6, Z30, K2, Z6
+	Q8MMROW(0, Z7, Z8, Z0)
+	Q8MMROW(64, Z9, Z10, Z1)
+	Q8MMROW(128, Z11, Z12, Z2)
+	Q8MMROW(192, Z13, Z14, Z3)
+	ADDQ     $256, R8
+	ADDQ     $64, DI
+	ADDQ     $8, R12
+	ADDQ     $8, R13
+	DECQ     CX
+	JNZ      m8chunk
+
+	HSUM4
+	VMULPS  X28, X0, X0
+	VMOVUPS X0, (R11)
+	ADDQ    ostride+72(FP), R11
+	ADDQ    xstride+24(FP), SI
+	ADDQ    bstride+48(FP), BX
+	ADDQ    bstride+48(FP), DX
+	DECQ    R10
+	JMP     m8loop
+
+m8done:
+	VZEROUPPER
+	RET
