@@ -14,13 +14,12 @@ import (
 // (tails through masked loads), the quantized input in full padded chunks
 // (qbatch pads to qpad), and writes four float32 results.
 
-// q8Dot4AVX512 sets out[i] = Σ_j w[i·stride+j]·q[j]·d[j/32] over j < n for
-// int8 weights w (rows i = 0..3; stride 0 repeats one row) and an input in
-// qPlain layout (bias s = -128·Σq per block). The row scales are applied
-// by the caller.
+// q8Dot4AVX512 sets out[4k+i] = scale[4k+i]·Σ_j w[(4k+i)·stride+j]·q[j]·d[j/32]
+// over j < n for nq blocks of four int8 weight rows (stride 0: one row
+// four times) and an input in qPlain layout (bias s = -128·Σq per block).
 //
 //go:noescape
-func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, out *[4]float32)
+func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, nq int, scale, out *float32)
 
 // q4row locates one q4tp row for the q4tp kernels.
 type q4row struct {
@@ -37,12 +36,20 @@ func q4rowAt(m *Mat, r int, lad *[32]float32) q4row {
 	return q4row{nib: &m.Data[r*nb], codes: m.codePtr(r), lad: &lad[0], ab: &m.params[4*r]}
 }
 
-// q4tpDot4AVX512 sets out[i] to the q4tp dot of rows[i] (gpr groups) with
-// an input in qNib layout whose scales and biases are readable in whole
-// multiples of 16 blocks.
+// q4job is a run of blocks of four q4tp rows for q4tpQuadsAVX512.
+type q4job struct {
+	nib, codes, params *byte // row 0's nibbles, codes (readable as q4row.codes) and ladder parameters
+	nstride, cstride   int   // bytes between rows' nibbles, codes
+	quads              int   // blocks of four rows
+	out                *float32
+}
+
+// q4tpQuadsAVX512 writes the q4tp dots of the job's 4·quads rows (gpr
+// groups) with an input in qNib layout whose scales and biases are
+// readable in whole multiples of 16 blocks to job.out.
 //
 //go:noescape
-func q4tpDot4AVX512(rows *[4]q4row, gpr int, x *byte, d *float32, s *int32, out *[4]float32)
+func q4tpQuadsAVX512(job *q4job, gpr int, x *byte, d *float32, s *int32)
 
 // quantizeAVX512 is quantizeRowGo for n values (qNib when nib) with bias
 // shift shift, writing only the blocks.
@@ -97,42 +104,43 @@ func quantizeRowAVX512(x []float32, v qvec, l qlayout) {
 func q8RowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 	c := m.Cols
 	_, _, _ = x.q[(c+63)/64*64-1], x.d[(c+63)/64*2-1], x.s[(c+63)/64*2-1]
-	_, _ = m.Data[hi*c-1], y[hi-1]
-	var out [4]float32
-	r := lo
-	for ; r+4 <= hi; r += 4 {
-		q8Dot4AVX512(&m.Data[r*c], c, c, &x.q[0], &x.d[0], &x.s[0], &out)
-		s := m.scale[r : r+4 : r+4]
-		y[r], y[r+1], y[r+2], y[r+3] = out[0]*s[0], out[1]*s[1], out[2]*s[2], out[3]*s[3]
+	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[hi-1]
+	if nq := (hi - lo) / 4; nq > 0 {
+		q8Dot4AVX512(&m.Data[lo*c], c, c, &x.q[0], &x.d[0], &x.s[0], nq, &m.scale[lo], &y[lo])
+		lo += 4 * nq
 	}
-	for ; r < hi; r++ {
-		q8Dot4AVX512(&m.Data[r*c], 0, c, &x.q[0], &x.d[0], &x.s[0], &out)
-		y[r] = out[0] * m.scale[r]
+	for r := lo; r < hi; r++ {
+		var out [4]float32
+		sc := [4]float32{m.scale[r], m.scale[r], m.scale[r], m.scale[r]}
+		q8Dot4AVX512(&m.Data[r*c], 0, c, &x.q[0], &x.d[0], &x.s[0], 1, &sc[0], &out[0])
+		y[r] = out[0]
 	}
 }
 
-// q4tpRowsAVX512 sets y[lo:hi] for q4tp.
+// q4tpRowsAVX512 sets y[lo:hi] for q4tp: runs of four-row blocks in one
+// call, the rows near the matrix's end (codes read from the padded copy)
+// in their own.
 func q4tpRowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 	gpr := m.Cols / quant.GroupSize
-	nb := 16 * gpr
+	nb, cs := 16*gpr, m.cstr
 	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[(gpr+15)/16*16-1], x.s[(gpr+15)/16*16-1]
-	_, _ = m.Data[hi*nb-1], y[hi-1]
-	var out [4]float32
-	var rs [4]q4row
-	var lad [4][32]float32
-	r := lo
-	for ; r+4 <= hi; r += 4 {
-		for i := range rs {
-			rs[i] = q4rowAt(m, r+i, &lad[i])
+	_, _, _ = m.Data[hi*nb-1], m.params[4*hi-1], y[hi-1]
+	for r := lo; r < hi; {
+		end := hi
+		if r < m.codesEnd0 {
+			end = min(hi, m.codesEnd0)
 		}
-		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
-		y[r], y[r+1], y[r+2], y[r+3] = out[0], out[1], out[2], out[3]
-	}
-	for ; r < hi; r++ {
-		rs[0] = q4rowAt(m, r, &lad[0])
-		rs[1], rs[2], rs[3] = rs[0], rs[0], rs[0]
-		q4tpDot4AVX512(&rs, gpr, &x.q[0], &x.d[0], &x.s[0], &out)
+		if nq := (end - r) / 4; nq > 0 {
+			job := q4job{nib: &m.Data[r*nb], codes: m.codePtr(r), params: &m.params[4*r], nstride: nb, cstride: cs, quads: nq, out: &y[r]}
+			q4tpQuadsAVX512(&job, gpr, &x.q[0], &x.d[0], &x.s[0])
+			r += 4 * nq
+			continue
+		}
+		var out [4]float32
+		job := q4job{nib: &m.Data[r*nb], codes: m.codePtr(r), params: &m.params[4*r], quads: 1, out: &out[0]}
+		q4tpQuadsAVX512(&job, gpr, &x.q[0], &x.d[0], &x.s[0])
 		y[r] = out[0]
+		r++
 	}
 }
 

@@ -74,28 +74,34 @@ GLOBL idxOdd<>(SB), RODATA|NOPTR, $64
 	VCVTDQ2PS   a, a; \
 	VFMADD231PS Z5, a, acc
 
-// func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, out *[4]float32)
-TEXT ·q8Dot4AVX512(SB), NOSPLIT, $0-56
-	MOVQ w+0(FP), AX
-	MOVQ stride+8(FP), BX
-	MOVQ n+16(FP), CX
-	MOVQ x+24(FP), SI
-	MOVQ d+32(FP), DI
-	MOVQ s+40(FP), R8
-	LEAQ (AX)(BX*2), DX
-	ADDQ BX, DX
-	LEAQ PFAHEAD(DX)(BX*1), R11
-
+// func q8Dot4AVX512(w *byte, stride, n int, x *byte, d *float32, s *int32, nq int, scale, out *float32)
+//
+// For nq blocks of four rows from w (stride bytes between rows, blocks
+// 4·stride apart) writes out[4k+i] = scale[4k+i]·(row 4k+i)·x.
+TEXT ·q8Dot4AVX512(SB), NOSPLIT, $0-72
 	MOVL         $0x80808080, R9
 	VPBROADCASTD R9, Z31
 	VMOVDQU32    idx2x8<>(SB), Z30
 	MOVL         $0x0101, R9
 	KMOVW        R9, K2
-	KXNORQ       K1, K1, K1
-	VPXORD       Z0, Z0, Z0
-	VPXORD       Z1, Z1, Z1
-	VPXORD       Z2, Z2, Z2
-	VPXORD       Z3, Z3, Z3
+	MOVQ         w+0(FP), R12
+	MOVQ         stride+8(FP), BX
+	XORQ         R13, R13 // 16 × block index
+
+q8block:
+	MOVQ   R12, AX
+	MOVQ   n+16(FP), CX
+	MOVQ   x+24(FP), SI
+	MOVQ   d+32(FP), DI
+	MOVQ   s+40(FP), R8
+	LEAQ   (AX)(BX*2), DX
+	ADDQ   BX, DX
+	LEAQ   PFAHEAD(DX)(BX*1), R11
+	KXNORQ K1, K1, K1
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
 
 	MOVQ CX, R10
 	SHRQ $6, R10
@@ -143,8 +149,16 @@ q8tail:
 
 q8done:
 	HSUM4
-	MOVQ    out+48(FP), AX
-	VMOVUPS X0, (AX)
+	MOVQ    scale+56(FP), AX
+	VMULPS  (AX)(R13*1), X0, X0
+	MOVQ    out+64(FP), AX
+	VMOVUPS X0, (AX)(R13*1)
+	LEAQ    (R12)(BX*4), R12
+	ADDQ    $16, R13
+	MOVQ    nq+48(FP), R9
+	SHLQ    $4, R9
+	CMPQ    R13, R9
+	JLT     q8block
 	VZEROUPPER
 	RET
 
@@ -300,16 +314,14 @@ GLOBL rungK<>(SB), RODATA|NOPTR, $128
 // 80 code bits at the row's code pointer plus SI give 16 rung indexes,
 // which pick rungs from the row's ladder (masked by K3 past the row's
 // end) times the block scales Z22 (coff, loff: offsets of the row's code
-// and ladder pointers in the q4row array rows); the groups' biases Z23 (-8·Σq) times
+// and ladder pointers in the q4row array at 0(SP)); the groups' biases Z23 (-8·Σq) times
 // those scales go to acc.
 #define Q4SCALES(coff, loff, sc, acc) \
-	MOVQ            rows+0(FP), AX; \
-	MOVQ            coff(AX), AX; \
+	MOVQ            coff(SP), AX; \
 	VBROADCASTI32X4 (AX)(SI*1), Z10; \
 	VPSHUFB         Z28, Z10, Z10; \
 	VPSRLVD         Z29, Z10, Z10; \
-	MOVQ            rows+0(FP), AX; \
-	MOVQ            loff(AX), AX; \
+	MOVQ            loff(SP), AX; \
 	VMOVUPS         (AX), Z30; \
 	VPERMI2PS.Z     64(AX), Z30, K3, Z10; \
 	VMULPS          Z22, Z10, sc; \
@@ -358,23 +370,15 @@ GLOBL rungK<>(SB), RODATA|NOPTR, $128
 	CMOVQEQ BX, AX; \
 	KMOVQ   AX, K1
 
-// func q4tpDot4AVX512(rows *[4]q4row, gpr int, x *byte, d *float32, s *int32, out *[4]float32)
-TEXT ·q4tpDot4AVX512(SB), NOSPLIT, $0-48
-	MOVQ rows+0(FP), DX
-	LADDERS
-	MOVQ 0(DX), R8
-	MOVQ 32(DX), R9
-	MOVQ 64(DX), R10
-	MOVQ 96(DX), R11
-	MOVQ gpr+8(FP), BX
-	MOVQ BX, AX
-	SHLQ $4, AX
-	LEAQ PFAHEAD(R11)(AX*1), DX
-	MOVQ x+16(FP), DI
-	MOVQ d+24(FP), R12
-	MOVQ s+32(FP), R13
-
+// func q4tpQuadsAVX512(job *q4job, gpr int, x *byte, d *float32, s *int32)
+//
+// For job.quads blocks of four q4tp rows (gpr groups) writes the rows'
+// dots with an input in qNib layout to job.out. The frame holds the
+// current block's q4row array (0(SP)), its ladders (128(SP)) and the block
+// index (640(SP)).
+TEXT ·q4tpQuadsAVX512(SB), NOSPLIT, $648-40
 	// K5: the lanes (groups) of the last 16 that exist.
+	MOVQ   gpr+8(FP), BX
 	MOVQ   BX, CX
 	ANDQ   $15, CX
 	KXNORW K5, K5, K5
@@ -385,31 +389,20 @@ TEXT ·q4tpDot4AVX512(SB), NOSPLIT, $0-48
 	KMOVW  AX, K5
 
 q4m1:
-	// CX: chunks of 4 groups; BX: the nibble-byte mask of the last one.
-	LEAQ 3(BX), CX
-	SHRQ $2, CX
+	// BX: the nibble-byte mask of the last chunk of 4 groups.
 	ANDQ $3, BX
 	JNZ  q4m2
 	MOVQ $4, BX
 q4m2:
 	SHLQ   $4, BX
-	MOVQ   BX, AX
+	MOVQ   BX, CX
 	MOVQ   $-1, BX
-	CMPQ   AX, $64
+	CMPQ   CX, $64
 	JEQ    q4m3
-	MOVQ   CX, SI
-	MOVQ   AX, CX
 	MOVQ   $1, BX
 	SHLQ   CX, BX
 	DECQ   BX
-	MOVQ   SI, CX
 q4m3:
-	MOVQ    $-1, AX
-	CMPQ    CX, $1
-	CMOVQEQ BX, AX
-	KMOVQ   AX, K1
-	KXNORW  K3, K3, K3
-
 	MOVL         $0x0f0f0f0f, AX
 	VPBROADCASTD AX, Z31
 	VMOVDQU32    codeBytes<>(SB), Z28
@@ -418,11 +411,79 @@ q4m3:
 	VMOVDQU32    chunkIdx1<>(SB), Z25
 	VMOVDQU32    chunkIdx2<>(SB), Z26
 	VMOVDQU32    chunkIdx3<>(SB), Z27
-	VPXORD       Z0, Z0, Z0
-	VPXORD       Z1, Z1, Z1
-	VPXORD       Z2, Z2, Z2
-	VPXORD       Z3, Z3, Z3
-	XORQ         SI, SI // code byte offset of the 16 groups: 10 per 16
+	MOVQ         $0, 640(SP)
+
+q4block:
+	// The block's q4row array: rows 4k..4k+3 of the job.
+	MOVQ  job+0(FP), DI
+	MOVQ  640(SP), R9
+	SHLQ  $2, R9
+	MOVQ  24(DI), R10
+	MOVQ  R9, AX
+	IMULQ R10, AX
+	ADDQ  0(DI), AX
+	MOVQ  AX, 0(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 32(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 64(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 96(SP)
+	MOVQ  32(DI), R10
+	MOVQ  R9, AX
+	IMULQ R10, AX
+	ADDQ  8(DI), AX
+	MOVQ  AX, 8(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 40(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 72(SP)
+	ADDQ  R10, AX
+	MOVQ  AX, 104(SP)
+	LEAQ  128(SP), AX
+	MOVQ  AX, 16(SP)
+	LEAQ  256(SP), AX
+	MOVQ  AX, 48(SP)
+	LEAQ  384(SP), AX
+	MOVQ  AX, 80(SP)
+	LEAQ  512(SP), AX
+	MOVQ  AX, 112(SP)
+	MOVQ  16(DI), AX
+	LEAQ  (AX)(R9*4), AX
+	MOVQ  AX, 24(SP)
+	ADDQ  $4, AX
+	MOVQ  AX, 56(SP)
+	ADDQ  $4, AX
+	MOVQ  AX, 88(SP)
+	ADDQ  $4, AX
+	MOVQ  AX, 120(SP)
+
+	LEAQ 0(SP), DX
+	LADDERS
+	MOVQ 0(SP), R8
+	MOVQ 32(SP), R9
+	MOVQ 64(SP), R10
+	MOVQ 96(SP), R11
+	MOVQ gpr+8(FP), CX
+	MOVQ CX, AX
+	SHLQ $4, AX
+	LEAQ PFAHEAD(R11)(AX*1), DX
+	MOVQ x+16(FP), DI
+	MOVQ d+24(FP), R12
+	MOVQ s+32(FP), R13
+	ADDQ $3, CX
+	SHRQ $2, CX // chunks
+
+	MOVQ    $-1, AX
+	CMPQ    CX, $1
+	CMOVQEQ BX, AX
+	KMOVQ   AX, K1
+	KXNORW  K3, K3, K3
+	VPXORD  Z0, Z0, Z0
+	VPXORD  Z1, Z1, Z1
+	VPXORD  Z2, Z2, Z2
+	VPXORD  Z3, Z3, Z3
+	XORQ    SI, SI // code byte offset of the 16 groups: 10 per 16
 
 q4super:
 	CMPQ  CX, $4
@@ -446,8 +507,15 @@ q4s1:
 
 q4done:
 	HSUM4
-	MOVQ    out+40(FP), AX
-	VMOVUPS X0, (AX)
+	MOVQ    job+0(FP), AX
+	MOVQ    48(AX), DI
+	MOVQ    640(SP), R9
+	SHLQ    $4, R9
+	VMOVUPS X0, (DI)(R9*1)
+	INCQ    640(SP)
+	MOVQ    640(SP), R9
+	CMPQ    R9, 40(AX)
+	JLT     q4block
 	VZEROUPPER
 	RET
 
