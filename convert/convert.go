@@ -39,6 +39,10 @@ type Options struct {
 	Progress func(done, total int64)
 	// Threads encodes row chunks in parallel (0: GOMAXPROCS).
 	Threads int
+	// Calibrate, when set, runs the model on calibration text first and
+	// encodes q4tp and q8_2f weights with the activation statistics
+	// (calibrate.go).
+	Calibrate *Calibrate
 }
 
 // Result summarises a conversion.
@@ -78,20 +82,36 @@ type blob struct {
 func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blobs []blob, opt Options) (*Result, error) {
 	t0 := time.Now()
 	pol := &Policy{Default: opt.Quant, Keep: opt.Keep}
+	var cal *calibResult
+	if opt.Calibrate != nil {
+		var err error
+		if cal, err = calibrate(ctx, out, hdr, ts, blobs, opt); err != nil {
+			return nil, err
+		}
+	}
 	hdr.QuantType = opt.Quant.String()
 	hdr.QuantPolicy = pol.Record()
 	specs := make([]cmf.TensorSpec, 0, len(ts)+len(blobs))
 	res := &Result{DTypeCount: map[string]int{}}
 	var total int64
-	for _, t := range ts {
+	stats := make([][]float32, len(ts)) // calibration statistics used per tensor
+	for i, t := range ts {
 		tied := hdr.Arch.TieWordEmbeddings && t.name == "model.embed_tokens.weight"
 		d, _ := pol.Choose(t.name, t.shape, tied)
 		specs = append(specs, cmf.TensorSpec{Name: t.name, DType: d, Shape: t.shape})
 		res.DTypeCount[d.String()]++
 		total += t.inBytes
+		if cal != nil && (d == quant.Q4TP || d == quant.Q82F) {
+			stats[i] = cal.stats[t.name]
+		}
 	}
+	calSpecs := cal.specs(specs[:len(ts)], stats)
+	specs = append(specs, calSpecs...)
 	for _, b := range blobs {
 		specs = append(specs, cmf.TensorSpec{Name: b.name, DType: quant.U8, Shape: []int{len(b.data)}})
+	}
+	if cal != nil {
+		hdr.Calibration = cal.header(calSpecs)
 	}
 	w, err := cmf.Create(out, hdr, specs, cmf.WriteOptions{ShardBytes: opt.ShardBytes})
 	if err != nil {
@@ -133,7 +153,7 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 				if err := t.loadRows(r0, r1, chunk); err != nil {
 					return nil, fmt.Errorf("convert: %s: %w", t.name, err)
 				}
-				if err := encodeChunk(c, enc, chunk, rows, cols, r0, opt.Threads); err != nil {
+				if err := encodeChunk(c, enc, chunk, rows, cols, r0, opt.Threads, stats[i]); err != nil {
 					return nil, fmt.Errorf("convert: %s as %s: %w", t.name, d, err)
 				}
 			}
@@ -158,7 +178,7 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 				enc = make([]byte, nb)
 			}
 			enc = enc[:nb]
-			if err := encodeParallel(d, enc, buf, rows, cols, opt.Threads); err != nil {
+			if err := encodeParallel(d, enc, buf, rows, cols, opt.Threads, stats[i]); err != nil {
 				return nil, fmt.Errorf("convert: %s as %s: %w", t.name, d, err)
 			}
 			if err := w.WriteTensor(t.name, enc); err != nil {
@@ -174,6 +194,9 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 		if opt.Progress != nil {
 			opt.Progress(done, total)
 		}
+	}
+	if err := cal.write(w, calSpecs); err != nil {
+		return nil, err
 	}
 	for _, b := range blobs {
 		if err := w.WriteTensor(b.name, b.data); err != nil {
@@ -191,15 +214,16 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 }
 
 // encodeParallel encodes rows in chunks on several goroutines. q8_2f fits
-// its column field over the whole tensor first, so chunks agree.
-func encodeParallel(d quant.DType, dst []byte, w []float32, rows, cols, threads int) error {
+// its column field over the whole tensor first, so chunks agree. stats are
+// the calibration statistics of the weight's input (nil: none).
+func encodeParallel(d quant.DType, dst []byte, w []float32, rows, cols, threads int, stats []float32) error {
 	c, err := quant.CodecFor(d)
 	if err != nil {
 		return err
 	}
-	opt := &quant.EncodeOptions{}
+	opt := &quant.EncodeOptions{ColStats: stats}
 	if d == quant.Q82F {
-		opt.Col = quant.FitColumns(w, rows, cols, nil)
+		opt.Col = quant.FitColumns(w, rows, cols, stats)
 	}
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
@@ -225,14 +249,19 @@ func encodeParallel(d quant.DType, dst []byte, w []float32, rows, cols, threads 
 	return errors.Join(errs...)
 }
 
-// encodeChunk encodes rows [r0, r0+len(w)/cols) on several goroutines.
-func encodeChunk(c quant.Codec, dst []byte, w []float32, rows, cols, r0, threads int) error {
+// encodeChunk encodes rows [r0, r0+len(w)/cols) on several goroutines,
+// with the calibration statistics stats (nil: none).
+func encodeChunk(c quant.Codec, dst []byte, w []float32, rows, cols, r0, threads int, stats []float32) error {
 	n := len(w) / cols
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
+	var opt *quant.EncodeOptions
+	if stats != nil {
+		opt = &quant.EncodeOptions{ColStats: stats}
+	}
 	if threads == 1 || n < 64 {
-		return c.EncodeRows(dst, w, rows, cols, r0, nil)
+		return c.EncodeRows(dst, w, rows, cols, r0, opt)
 	}
 	per := (n + threads - 1) / threads
 	var wg sync.WaitGroup
@@ -245,7 +274,7 @@ func encodeChunk(c quant.Codec, dst []byte, w []float32, rows, cols, r0, threads
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[k] = c.EncodeRows(dst, w[a*cols:b*cols], rows, cols, r0+a, nil)
+			errs[k] = c.EncodeRows(dst, w[a*cols:b*cols], rows, cols, r0+a, opt)
 		}()
 	}
 	wg.Wait()

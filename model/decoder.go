@@ -123,6 +123,56 @@ func loadWeights(ld *loader, c *config) weights {
 	return w
 }
 
+// Observer sees the input of every linear layer during Forward, for
+// calibration: Observe gets the weight's tensor name and the rows×cols
+// row-major inputs (one row per position) that the weight multiplies. x is
+// the model's own buffer, valid only during the call. Weights that share an
+// input (q/k/v, gate/up) are each called with it. The output head is
+// observed on the positions whose logits Forward computes.
+type Observer interface {
+	Observe(weight string, x []float32, rows, cols int)
+}
+
+// observer is an installed Observer with the weight names it reports.
+type observer struct {
+	o      Observer
+	layers []layerNames
+	head   string
+}
+
+// layerNames are one layer's weight names, by input.
+type layerNames struct{ q, k, v, o, gate, up, down string }
+
+// SetObserver installs o, called from the goroutine that runs Forward (so
+// concurrently when several caches run at once); nil removes it. Not to be
+// called during a Forward.
+func (m *Model) SetObserver(o Observer) {
+	if o == nil {
+		m.obs = nil
+		return
+	}
+	ob := &observer{o: o, layers: make([]layerNames, m.cfg.layers), head: "lm_head.weight"}
+	if m.cfg.tied {
+		ob.head = "model.embed_tokens.weight"
+	}
+	for l := range ob.layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		ob.layers[l] = layerNames{
+			q: p + "self_attn.q_proj.weight", k: p + "self_attn.k_proj.weight", v: p + "self_attn.v_proj.weight",
+			o: p + "self_attn.o_proj.weight", gate: p + "mlp.gate_proj.weight", up: p + "mlp.up_proj.weight",
+			down: p + "mlp.down_proj.weight",
+		}
+	}
+	m.obs = ob
+}
+
+// see reports x (rows×cols) as the input of each named weight.
+func (ob *observer) see(x []float32, rows, cols int, names ...string) {
+	for _, n := range names {
+		ob.o.Observe(n, x, rows, cols)
+	}
+}
+
 // Forward runs tokens at positions pos, pos+1, … through the network,
 // appending their keys and values to the cache, which must hold exactly
 // pos tokens. It returns the logits selected by want: LastLogits returns
@@ -166,9 +216,15 @@ func (m *Model) Forward(c *Cache, tokens []int, pos int, want Logits) ([]float32
 			for t := range T {
 				kernels.RMSNorm(rs.xb[t*H:(t+1)*H], rs.x[t*H:(t+1)*H], m.w.norm, m.cfg.eps, m.cfg.onePlus)
 			}
+			if m.obs != nil {
+				m.obs.see(rs.xb[:T*H], T, H, m.obs.head)
+			}
 			m.pool.MatMul(m.w.head, rs.xb, T, all[s*V:(s+T)*V])
 		case want == LastLogits && s+T == len(tokens):
 			kernels.RMSNorm(rs.xb[:H], rs.x[(T-1)*H:T*H], m.w.norm, m.cfg.eps, m.cfg.onePlus)
+			if m.obs != nil {
+				m.obs.see(rs.xb[:H], 1, H, m.obs.head)
+			}
 			m.pool.MatVec(m.w.head, rs.xb[:H], rs.logits)
 		}
 	}
@@ -203,6 +259,11 @@ func (m *Model) step(c *Cache, toks []int, p0 int, inv []float32, ropeScale floa
 		for t := range T {
 			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.attnNorm, cfg.eps, cfg.onePlus)
 		}
+		var names *layerNames
+		if m.obs != nil {
+			names = &m.obs.layers[l]
+			m.obs.see(xb, T, H, names.q, names.k, names.v)
+		}
 		// q, k, v = q_proj(xb), k_proj(xb), v_proj(xb)
 		pool.MatMul(ly.wq, xb, T, q)
 		pool.MatMul(ly.wk, xb, T, k)
@@ -236,6 +297,9 @@ func (m *Model) step(c *Cache, toks []int, p0 int, inv []float32, ropeScale floa
 		pool.For(T*cfg.heads, T*cfg.heads*(p0+T)*hd*2, &rs.attn)
 		rs.attn = attnTask{}
 		// x = x + o_proj(att)
+		if names != nil {
+			m.obs.see(att, T, qd, names.o)
+		}
 		pool.MatMul(ly.wo, att, T, xb2)
 		addBias(xb2, ly.bo)
 		kernels.Add(x, xb2)
@@ -244,11 +308,17 @@ func (m *Model) step(c *Cache, toks []int, p0 int, inv []float32, ropeScale floa
 			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.ffnNorm, cfg.eps, cfg.onePlus)
 		}
 		// x = x + down_proj(silu(gate_proj(xb)) * up_proj(xb))
+		if names != nil {
+			m.obs.see(xb, T, H, names.gate, names.up)
+		}
 		pool.MatMul(ly.wGate, xb, T, hb)
 		pool.MatMul(ly.wUp, xb, T, hb2)
 		addBias(hb, ly.bGate)
 		addBias(hb2, ly.bUp)
 		kernels.SiLUMul(hb, hb2)
+		if names != nil {
+			m.obs.see(hb, T, I, names.down)
+		}
 		pool.MatMul(ly.wDown, hb, T, xb2)
 		addBias(xb2, ly.bDown)
 		kernels.Add(x, xb2)

@@ -71,6 +71,7 @@ type Model struct {
 	batch   int
 	rope    *kernels.Rope
 	w       weights
+	obs     *observer // set by SetObserver (decoder.go); nil costs one check per layer
 }
 
 // Load builds a runnable model over an open CMF file: it checks the

@@ -72,7 +72,7 @@ func q4tpPutCode(codes []byte, g, c int) {
 	}
 }
 
-func (q4tpCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, _ *EncodeOptions) error {
+func (q4tpCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, opt *EncodeOptions) error {
 	n, err := checkRows(Q4TP, dst, w, rows, cols, r0)
 	if err != nil {
 		return err
@@ -85,25 +85,39 @@ func (q4tpCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, _ *Enco
 			return fmt.Errorf("quant: q4tp: weight %g at row %d, column %d is beyond the format's range (|w| < 2^100)", v, r0+i/cols, i%cols)
 		}
 	}
-	gpr := cols / GroupSize
-	po, co, stride := q4tpSections(rows, cols)
+	var stats []float32
+	if opt != nil {
+		stats = opt.ColStats
+	}
+	if err := checkStats(Q4TP, stats, cols); err != nil {
+		return err
+	}
 	e := newQ4TPEncoder(cols)
+	e.cw = StatWeights(stats)
 	for k := range n {
 		r := r0 + k
 		ah, bh := e.encodeRow(w[k*cols : (k+1)*cols])
-		nib := dst[r*gpr*16 : (r+1)*gpr*16]
-		for i := range nib {
-			nib[i] = byte(e.q[2*i]+8) | byte(e.q[2*i+1]+8)<<4
-		}
-		binary.LittleEndian.PutUint16(dst[po+4*r:], ah)
-		binary.LittleEndian.PutUint16(dst[po+4*r+2:], bh)
-		codes := dst[co+r*stride : co+(r+1)*stride]
-		clear(codes)
-		for g := range gpr {
-			q4tpPutCode(codes, g, int(e.code[g]))
-		}
+		q4tpPutRow(dst, rows, cols, r, e.q, e.code, ah, bh)
 	}
 	return nil
+}
+
+// q4tpPutRow stores row r of a rows×cols tensor: its nibble values q
+// (-8..7, cols of them), group codes and ladder parameters.
+func q4tpPutRow(dst []byte, rows, cols, r int, q []int8, code []uint8, ah, bh uint16) {
+	gpr := cols / GroupSize
+	po, co, stride := q4tpSections(rows, cols)
+	nib := dst[r*gpr*16 : (r+1)*gpr*16]
+	for i := range nib {
+		nib[i] = byte(q[2*i]+8) | byte(q[2*i+1]+8)<<4
+	}
+	binary.LittleEndian.PutUint16(dst[po+4*r:], ah)
+	binary.LittleEndian.PutUint16(dst[po+4*r+2:], bh)
+	codes := dst[co+r*stride : co+(r+1)*stride]
+	clear(codes)
+	for g := range gpr {
+		q4tpPutCode(codes, g, int(code[g]))
+	}
 }
 
 func (q4tpCodec) DecodeRow(dst []float32, src []byte, rows, cols, r int) {
@@ -164,6 +178,9 @@ type q4tpEncoder struct {
 	q      []int8    // nibble values of the best assignment, -8..7
 	sorted []float64
 	lad    [q4tpRungs]float32
+	// cw, when set, weights each column's squared error (the activations'
+	// mean square, see StatWeights); nil is the plain weight error.
+	cw []float32
 }
 
 func newQ4TPEncoder(cols int) *q4tpEncoder {
@@ -195,6 +212,36 @@ func q4tpGroupErr(w []float32, s float32) float32 {
 		e += float32(d * d)
 	}
 	return e
+}
+
+// q4tpGroupErrW is q4tpGroupErr with column weights c:
+// Σ_i c[i]·(w[i] − ŵ[i])². For a fixed scale the nearest nibble stays the
+// best one whatever the weights, so only the choice of scale changes.
+func q4tpGroupErrW(w, c []float32, s float32) float32 {
+	inv := 1 / s
+	c = c[:GroupSize]
+	var e float32
+	for i, v := range w[:GroupSize] {
+		x := float32(v * inv)
+		if x < -8 {
+			x = -8
+		} else if x > 7 {
+			x = 7
+		}
+		r := float32(int32(x+8.5)) - 8
+		d := v - float32(r*s)
+		e += float32(c[i] * float32(d*d))
+	}
+	return e
+}
+
+// groupErr is the (weighted, when the encoder has column weights) squared
+// error of group g, whose weights are w, at scale s.
+func (e *q4tpEncoder) groupErr(g int, w []float32, s float32) float32 {
+	if e.cw == nil {
+		return q4tpGroupErr(w, s)
+	}
+	return q4tpGroupErrW(w, e.cw[g*GroupSize:], s)
 }
 
 // q4tpGroupQuant writes the nibble values of a group quantized with scale s.
@@ -322,8 +369,12 @@ func (e *q4tpEncoder) assign(w []float32, ah, bh uint16, start []float64) float6
 		gw := w[g*GroupSize : (g+1)*GroupSize]
 		if math.IsNaN(e.t[g]) {
 			e.code[g] = 0
-			for _, v := range gw {
-				total += float64(v) * float64(v)
+			for i, v := range gw {
+				d := float64(v) * float64(v)
+				if e.cw != nil {
+					d *= float64(e.cw[g*GroupSize+i])
+				}
+				total += d
 			}
 			continue
 		}
@@ -331,7 +382,7 @@ func (e *q4tpEncoder) assign(w []float32, ah, bh uint16, start []float64) float6
 		if reach > 0 {
 			f = (start[g] - a) / b
 		}
-		k, err := e.searchGroup(gw, f, reach)
+		k, err := e.searchGroup(g, gw, f, reach)
 		e.code[g] = uint8(k)
 		total += float64(err)
 	}
@@ -342,12 +393,12 @@ func (e *q4tpEncoder) assign(w []float32, ah, bh uint16, start []float64) float6
 // tries every rung within reach of the one nearest f, and keeps going
 // outwards while the best rung sits at the edge. (The error as a function
 // of the scale is bumpy, so a plain descent stops early too often.)
-func (e *q4tpEncoder) searchGroup(w []float32, f float64, reach int) (int, float32) {
+func (e *q4tpEncoder) searchGroup(g int, w []float32, f float64, reach int) (int, float32) {
 	k0 := 0
 	if f > 0 {
 		k0 = int(min(math.Round(f), q4tpRungs-1))
 	}
-	k, best := k0, q4tpGroupErr(w, e.lad[k0])
+	k, best := k0, e.groupErr(g, w, e.lad[k0])
 	if reach == 0 {
 		return k, best
 	}
@@ -356,13 +407,13 @@ func (e *q4tpEncoder) searchGroup(w []float32, f float64, reach int) (int, float
 		if c == k0 {
 			continue
 		}
-		if ce := q4tpGroupErr(w, e.lad[c]); ce < best {
+		if ce := e.groupErr(g, w, e.lad[c]); ce < best {
 			best, k = ce, c
 		}
 	}
 	for k == lo && lo > 0 {
 		lo--
-		ce := q4tpGroupErr(w, e.lad[lo])
+		ce := e.groupErr(g, w, e.lad[lo])
 		if ce >= best {
 			break
 		}
@@ -370,7 +421,7 @@ func (e *q4tpEncoder) searchGroup(w []float32, f float64, reach int) (int, float
 	}
 	for k == hi && hi < q4tpRungs-1 {
 		hi++
-		ce := q4tpGroupErr(w, e.lad[hi])
+		ce := e.groupErr(g, w, e.lad[hi])
 		if ce >= best {
 			break
 		}
@@ -380,9 +431,9 @@ func (e *q4tpEncoder) searchGroup(w []float32, f float64, reach int) (int, float
 }
 
 // refit fits the ladder to the best assignment: per group the optimal free
-// scale s* = Σwq/Σq² for its nibbles, then a weighted least-squares line
-// log2 s* ≈ a + k·b with weights Σq²·s*² (the curvature of the error in
-// log2 s). It also points e.t at the s* so the next search starts there.
+// scale s* = Σcwq/Σcq² for its nibbles (c the column weights, 1 without
+// statistics), then a weighted least-squares line log2 s* ≈ a + k·b with
+// weights Σcq²·s*² (the curvature of the error in log2 s). It also points e.t at the s* so the next search starts there.
 func (e *q4tpEncoder) refit(w []float32, ah, bh uint16) (uint16, uint16, bool) {
 	q4tpLadder(&e.lad, ah, bh)
 	var sw, sk, sy, skk, sky float64
@@ -396,8 +447,12 @@ func (e *q4tpEncoder) refit(w []float32, ah, bh uint16) (uint16, uint16, bool) {
 		q4tpGroupQuant(q[:], gw, e.lad[e.best[g]])
 		var wq, qq float64
 		for i, v := range gw {
-			wq += float64(v) * float64(q[i])
-			qq += float64(q[i]) * float64(q[i])
+			c := 1.0
+			if e.cw != nil {
+				c = float64(e.cw[g*GroupSize+i])
+			}
+			wq += c * float64(v) * float64(q[i])
+			qq += c * float64(q[i]) * float64(q[i])
 		}
 		if wq <= 0 || qq == 0 {
 			continue

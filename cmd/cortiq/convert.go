@@ -18,15 +18,19 @@ import (
 func init() { commands = append(commands, newConvert) }
 
 func newConvert() *cobra.Command {
-	var out, qs, shard string
+	var out, qs, shard, calib string
 	var keep []string
-	var threads int
+	var threads, calibTokens, calibCtx int
 	c := &cobra.Command{
 		Use:   "convert SRC -o OUT.cmf",
 		Short: "Convert a Hugging Face model directory or a GGUF file to CMF",
 		Long: `Convert a Hugging Face directory (config.json, *.safetensors, tokenizer files) or a .gguf
 file to a CMF file, choosing a storage format per tensor role (see docs/convert.md).
-Tensors stream one at a time: memory stays near the largest tensor.`,
+Tensors stream one at a time: memory stays near the largest tensor.
+
+--calibrate TEXT runs the model (llama, qwen2, qwen3) on tokens of TEXT first and
+encodes q4tp and q8_2f weights to minimise the error of each layer's outputs on such
+activations rather than of the weights; the statistics are stored in the file.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
@@ -43,6 +47,21 @@ Tensors stream one at a time: memory stays near the largest tensor.`,
 					return err
 				}
 				opt.Keep = append(opt.Keep, r)
+			}
+			if calib != "" {
+				uses := d == quant.Q4TP || d == quant.Q82F
+				for _, r := range opt.Keep {
+					uses = uses || r.DType == quant.Q4TP || r.DType == quant.Q82F
+				}
+				if !uses {
+					return fmt.Errorf("convert: --calibrate only changes q4tp and q8_2f weights; --quant is %s", d)
+				}
+				if calibTokens < 0 || calibCtx < 0 {
+					return fmt.Errorf("convert: --calib-tokens and --calib-ctx must not be negative")
+				}
+				opt.Calibrate = &convert.Calibrate{Text: calib, Tokens: calibTokens, Ctx: calibCtx}
+			} else if cmd.Flags().Changed("calib-tokens") || cmd.Flags().Changed("calib-ctx") {
+				return fmt.Errorf("convert: --calib-tokens and --calib-ctx need --calibrate")
 			}
 			if shard != "" {
 				if opt.ShardBytes, err = parseBytes(shard); err != nil {
@@ -65,6 +84,9 @@ Tensors stream one at a time: memory stays near the largest tensor.`,
 	c.Flags().StringArrayVar(&keep, "keep", nil, "override the format of tensors matching a regexp: NAME_REGEX=dtype (repeatable)")
 	c.Flags().StringVar(&shard, "shard-size", "", "split the output into files of at most this size (e.g. 4GB)")
 	c.Flags().IntVar(&threads, "threads", 0, "encoder threads (0: all cores)")
+	c.Flags().StringVar(&calib, "calibrate", "", "calibration text file (UTF-8, may be gzipped): encode q4tp/q8_2f weights for the activations it produces")
+	c.Flags().IntVar(&calibTokens, "calib-tokens", 0, fmt.Sprintf("tokens of calibration text to run (0: %d)", convert.DefaultCalibTokens))
+	c.Flags().IntVar(&calibCtx, "calib-ctx", 0, fmt.Sprintf("tokens per calibration sequence (0: %d, at most the model's context)", convert.DefaultCalibCtx))
 	return c
 }
 
