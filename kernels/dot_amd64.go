@@ -104,7 +104,7 @@ func quantizeRowAVX512(x []float32, v qvec, l qlayout) {
 func q8RowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 	c := m.Cols
 	_, _, _ = x.q[(c+63)/64*64-1], x.d[(c+63)/64*2-1], x.s[(c+63)/64*2-1]
-	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[hi-1]
+	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[:hi] // slice, not load: workers write y
 	if nq := (hi - lo) / 4; nq > 0 {
 		q8Dot4AVX512(&m.Data[lo*c], c, c, &x.q[0], &x.d[0], &x.s[0], nq, &m.scale[lo], &y[lo])
 		lo += 4 * nq
@@ -124,7 +124,7 @@ func q4tpRowsAVX512(m *Mat, lo, hi int, x qvec, y []float32) {
 	gpr := m.Cols / quant.GroupSize
 	nb, cs := 16*gpr, m.cstr
 	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[(gpr+15)/16*16-1], x.s[(gpr+15)/16*16-1]
-	_, _, _ = m.Data[hi*nb-1], m.params[4*hi-1], y[hi-1]
+	_, _, _ = m.Data[hi*nb-1], m.params[4*hi-1], y[:hi]
 	for r := lo; r < hi; {
 		end := hi
 		if r < m.codesEnd0 {
@@ -181,7 +181,7 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 	}
 	buf := (*scratch)[:need]
 	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
-	_, _ = m.Data[hi*nb-1], y[n*rows-1]
+	_, _ = m.Data[hi*nb-1], y[:n*rows]
 	tile := max(1, mmTileBytes/x.qstride)
 	var rs [4]q4row
 	var lad [4][32]float32
@@ -274,8 +274,8 @@ func dot4AVX512(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32
 	if n == 0 || len(w0) < n || len(w1) < n || len(w2) < n || len(w3) < n {
 		return dot4(w0, w1, w2, w3, x)
 	}
-	p0 := unsafe.Pointer(&w0[0])
-	if unsafe.Pointer(&w1[0]) != unsafe.Add(p0, 4*n) || unsafe.Pointer(&w2[0]) != unsafe.Add(p0, 8*n) || unsafe.Pointer(&w3[0]) != unsafe.Add(p0, 12*n) {
+	p0 := uintptr(unsafe.Pointer(&w0[0]))
+	if uintptr(unsafe.Pointer(&w1[0])) != p0+uintptr(4*n) || uintptr(unsafe.Pointer(&w2[0])) != p0+uintptr(8*n) || uintptr(unsafe.Pointer(&w3[0])) != p0+uintptr(12*n) {
 		return dot4(w0, w1, w2, w3, x)
 	}
 	var out [4]float32
@@ -314,7 +314,7 @@ func q8MatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte)
 	}
 	buf := (*scratch)[:need]
 	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
-	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[n*rows-1]
+	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[:n*rows]
 	tile := max(1, mmTileBytes/x.qstride)
 	var sc [4]float32
 	for j0 := 0; j0 < n; j0 += tile {

@@ -55,7 +55,7 @@ func q8Tail(w, q []byte, d float32) float32 {
 func q8RowsAVX2(m *Mat, lo, hi int, x qvec, y []float32) {
 	c := m.Cols
 	nb, t := c/qblock, c/qblock*qblock
-	_, _ = m.Data[hi*c-1], y[hi-1]
+	_, _ = m.Data[hi*c-1], y[:hi]
 	_, _ = x.q[c-1], x.d[(c+qblock-1)/qblock-1]
 	var out [4]float32
 	r := lo
@@ -90,7 +90,7 @@ func q4tpRowsAVX2(m *Mat, lo, hi int, x qvec, y []float32) {
 	nb := 16 * gpr
 	_, _, _ = x.q[(gpr+3)/4*128-1], x.d[gpr-1], x.s[gpr-1]
 	lad := m.ladder()
-	_, _, _ = m.Data[hi*nb-1], lad[32*hi-1], y[hi-1]
+	_, _, _ = m.Data[hi*nb-1], lad[32*hi-1], y[:hi]
 	var out [4]float32
 	var rs [4]q4row
 	r := lo
@@ -126,21 +126,24 @@ func dotF32AVX2(m *Mat, r int, x []float32) float32 {
 func dot4F32AVX2(m *Mat, r int, x []float32) (float32, float32, float32, float32) {
 	c := m.Cols
 	w := m.f32[r*c : (r+4)*c]
-	return f32Rows4AVX2(w, c, x[:c])
+	return f32Rows4AVX2(w[:c], w[c:2*c], w[2*c:3*c], w[3*c:], x[:c])
 }
 
-// f32Rows4AVX2 returns the dots of the four consecutive rows of length c
-// in w with x.
-func f32Rows4AVX2(w []float32, c int, x []float32) (float32, float32, float32, float32) {
+// f32Rows4AVX2 returns the dots of four rows of len(x) that lie one after
+// another in memory with x.
+func f32Rows4AVX2(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32) {
+	c := len(x)
+	w0, w1, w2, w3 = w0[:c], w1[:c], w2[:c], w3[:c]
 	var out [4]float32
 	t := c &^ 15
 	if t > 0 {
-		f32Dot4AVX2(&w[0], 4*c, c, &x[0], &out)
+		f32Dot4AVX2(&w0[0], 4*c, c, &x[0], &out)
 	}
 	if t < c {
-		for i := range 4 {
-			out[i] += Dot(w[i*c+t:(i+1)*c], x[t:])
-		}
+		out[0] += Dot(w0[t:], x[t:])
+		out[1] += Dot(w1[t:], x[t:])
+		out[2] += Dot(w2[t:], x[t:])
+		out[3] += Dot(w3[t:], x[t:])
 	}
 	return out[0], out[1], out[2], out[3]
 }
@@ -217,9 +220,9 @@ func dot4AVX2(w0, w1, w2, w3, x []float32) (float32, float32, float32, float32) 
 	if n == 0 || len(w0) < n || len(w1) < n || len(w2) < n || len(w3) < n {
 		return dot4(w0, w1, w2, w3, x)
 	}
-	p0 := unsafe.Pointer(&w0[0])
-	if unsafe.Pointer(&w1[0]) != unsafe.Add(p0, 4*n) || unsafe.Pointer(&w2[0]) != unsafe.Add(p0, 8*n) || unsafe.Pointer(&w3[0]) != unsafe.Add(p0, 12*n) {
+	p0 := uintptr(unsafe.Pointer(&w0[0]))
+	if uintptr(unsafe.Pointer(&w1[0])) != p0+uintptr(4*n) || uintptr(unsafe.Pointer(&w2[0])) != p0+uintptr(8*n) || uintptr(unsafe.Pointer(&w3[0])) != p0+uintptr(12*n) {
 		return dot4(w0, w1, w2, w3, x)
 	}
-	return f32Rows4AVX2(unsafe.Slice(&w0[0], 4*n), n, x)
+	return f32Rows4AVX2(w0, w1, w2, w3, x)
 }

@@ -8,14 +8,15 @@ import (
 )
 
 // Task is work over the index range [0, n) that a Pool splits into
-// contiguous blocks, one per worker. Run handles [lo, hi); worker (0 ..
+// contiguous chunks, several per worker, handed out in order. Run handles
+// [lo, hi) and may be called several times per operation; worker (0 ..
 // Workers()-1) lets a task keep per-worker scratch without locking.
 type Task interface {
 	Run(lo, hi, worker int)
 }
 
 // Pool is a fixed set of worker goroutines, started once, that run the
-// kernels over contiguous blocks of rows. The calling goroutine takes the
+// kernels over contiguous chunks of rows. The calling goroutine takes the
 // first block itself. One operation runs at a time; concurrent callers
 // queue on a mutex. Close stops the workers.
 //
@@ -37,11 +38,13 @@ type Pool struct {
 	done     chan struct{} // wakes a blocked caller
 	workers  []poolWorker
 	task     Task
-	spans    [][2]int
-	scratch  [][]float32 // per worker: decoded weight rows for MatMul
-	bscratch [][]byte    // per worker: unpacked weight blocks for MatMul
-	xc       []float32   // q8_2f: inputs times the column field
-	qb       qbatch      // int8 inputs of the quantized formats
+	total    int          // the operation's range [0, total)
+	chunk    int          // handed out this many indexes at a time
+	next     atomic.Int64 // the next index to hand out
+	scratch  [][]float32  // per worker: decoded weight rows for MatMul
+	bscratch [][]byte     // per worker: unpacked weight blocks for MatMul
+	xc       []float32    // q8_2f: inputs times the column field
+	qb       qbatch       // int8 inputs of the quantized formats
 
 	mv matvecTask
 	mm matmulTask
@@ -69,7 +72,7 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = DefaultThreads()
 	}
-	p := &Pool{n: n, workers: make([]poolWorker, n), spans: make([][2]int, n), scratch: make([][]float32, n), bscratch: make([][]byte, n), done: make(chan struct{}, 1)}
+	p := &Pool{n: n, workers: make([]poolWorker, n), scratch: make([][]float32, n), bscratch: make([][]byte, n), done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
 		p.workers[i].wake = make(chan struct{}, 1)
 		go p.worker(i)
@@ -85,9 +88,7 @@ func (p *Pool) worker(i int) {
 		if p.closing.Load() {
 			return
 		}
-		if s := p.spans[i]; s[0] < s[1] {
-			p.task.Run(s[0], s[1], i)
-		}
+		p.drain(i)
 		p.finish()
 	}
 }
@@ -117,7 +118,7 @@ func (p *Pool) await(w *poolWorker, seen uint32) uint32 {
 	}
 }
 
-// start publishes the current task and spans to the workers.
+// start publishes the current task to the workers.
 func (p *Pool) start() {
 	p.pending.Store(int32(p.n - 1))
 	p.gen.Add(1)
@@ -169,7 +170,7 @@ func (p *Pool) Close() {
 	p.start()
 }
 
-// For runs t over [0, n) split into contiguous blocks, in parallel when
+// For runs t over [0, n) split into contiguous chunks, in parallel when
 // work (an estimate of the multiply-adds in total) is worth it.
 func (p *Pool) For(n int, work int, t Task) {
 	p.mu.Lock()
@@ -195,17 +196,30 @@ func (p *Pool) run(n, unit, work int, t Task) {
 		t.Run(0, n, 0)
 		return
 	}
-	p.task = t
-	for i := range p.spans {
-		p.spans[i] = [2]int{}
-		if i < k {
-			p.spans[i] = [2]int{min(n, i*units/k*unit), min(n, (i+1)*units/k*unit)}
-		}
-	}
+	// Contiguous chunks, chunksPerWorker per worker on average, handed out
+	// in order: each worker still streams long runs of rows, and one that
+	// gets less memory bandwidth or CPU time than the others takes fewer.
+	p.task, p.total = t, n
+	p.chunk = (units + k*chunksPerWorker - 1) / (k * chunksPerWorker) * unit
+	p.next.Store(0)
 	p.start()
-	t.Run(p.spans[0][0], p.spans[0][1], 0)
+	p.drain(0)
 	p.wait()
 	p.task = nil
+}
+
+// chunksPerWorker is how finely run splits an operation.
+const chunksPerWorker = 8
+
+// drain runs chunks of the current operation until none is left.
+func (p *Pool) drain(worker int) {
+	for {
+		lo := int(p.next.Add(int64(p.chunk))) - p.chunk
+		if lo >= p.total {
+			return
+		}
+		p.task.Run(lo, min(lo+p.chunk, p.total), worker)
+	}
 }
 
 // prescale returns x (n rows of m.Cols) multiplied by the q8_2f column
@@ -236,7 +250,7 @@ func mustPrepare(m *Mat) *dtypeKernel {
 }
 
 // MatVec computes y = W·x: y[r] = Σ_i W[r,i]·x[i], len(x) >= Cols,
-// len(y) >= Rows. Rows are split in contiguous blocks over the workers.
+// len(y) >= Rows. Rows are split in contiguous chunks over the workers.
 func (p *Pool) MatVec(m *Mat, x, y []float32) {
 	k := mustPrepare(m)
 	if len(x) < m.Cols || len(y) < m.Rows {
