@@ -24,23 +24,33 @@ import (
 // Calibration (activation-aware encoding).
 //
 // With Options.Calibrate set, the converter first writes the model as a
-// temporary float CMF next to the output, runs it on the CPU over tokens
-// of a calibration text with an observer that records the RMS of every
-// input column of every linear layer, and then encodes each q4tp and
-// q8_2f weight with those statistics (quant.EncodeOptions.ColStats), so
-// that the encoders minimise the error of the layer outputs on such text
-// rather than of the weights. The statistics are stored in the output as
-// f32 [cols] tensors named CalibPrefix + weight name and listed in the
-// header's calibration section.
+// temporary float CMF next to the output and runs it on the CPU over
+// tokens of a calibration text with an observer on every linear layer's
+// input. It records each input column's RMS (stored in the output as f32
+// [cols] tensors named CalibPrefix + weight name and listed in the
+// header's calibration section); q8_2f weights fit their column field with
+// it. q4tp weights are encoded by GPTQ (method "gptq", the default: the
+// Gram matrix XᵀX of each distinct input, see quant.GPTQ) or with the RMS
+// weighting their error (method "rms"). Gram matrices take 8·cols² bytes
+// each (twice that while encoding), so they are gathered for a window of
+// weights at a time within Calibrate.Memory, one run over the tokens per
+// window, in the order the weights are written.
 
 // CalibPrefix starts the name of every calibration statistics tensor.
 const CalibPrefix = "calibration."
 
 // Calibration defaults.
 const (
-	DefaultCalibTokens = 8192 // tokens run through the model
-	DefaultCalibCtx    = 512  // tokens per sequence (at most the trained context)
+	DefaultCalibTokens = 8192    // tokens run through the model
+	DefaultCalibCtx    = 512     // tokens per sequence (at most the trained context)
+	DefaultCalibMemory = 4 << 30 // bytes of Gram matrices held at once (method gptq)
 	maxCalibTextBytes  = 1 << 30
+)
+
+// Calibration methods for q4tp weights.
+const (
+	CalibGPTQ = "gptq" // GPTQ with the inputs' Gram matrices (default)
+	CalibRMS  = "rms"  // error weighted by the inputs' per-column RMS
 )
 
 // Calibrate configures the calibration pass of a conversion.
@@ -48,12 +58,33 @@ type Calibrate struct {
 	Text   string // path of a UTF-8 text file, optionally gzip-compressed
 	Tokens int    // tokens to run (0: DefaultCalibTokens)
 	Ctx    int    // tokens per sequence (0: DefaultCalibCtx, capped at max_position_embeddings)
+	Method string // CalibGPTQ ("": the default) or CalibRMS
+	Memory int64  // bytes of Gram matrices at once (0: DefaultCalibMemory)
 }
 
-// calibResult is what a calibration pass measured.
+// calibResult is what a calibration pass measured, and for GPTQ the
+// means to measure more: the temporary model stays open until close.
 type calibResult struct {
 	stats  map[string][]float32 // weight name → per-column RMS of its input
 	record cmf.Calibration
+
+	// GPTQ: the q4tp weights it encodes, in write order, with their
+	// columns; the window of encoders loaded; the first weight after it.
+	order  []string
+	cols   map[string]int
+	budget int64
+	win    map[string]*quant.GPTQ
+	next   int
+	rerun  func(ctx context.Context, obs model.Observer) error
+	closer []func()
+}
+
+// close releases the temporary model.
+func (r *calibResult) close() {
+	for i := len(r.closer) - 1; i >= 0; i-- {
+		r.closer[i]()
+	}
+	r.closer = nil
 }
 
 // calibArchError reports an architecture the calibration pass cannot run,
@@ -65,9 +96,17 @@ func calibArchError(a *cmf.Arch) error {
 	return nil
 }
 
-// calibrate runs the calibration pass for a conversion to out.
-func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blobs []blob, opt Options) (*calibResult, error) {
+// calibrate runs the calibration pass for a conversion to out whose
+// tensors ts get the formats of specs. The caller closes the result.
+func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, specs []cmf.TensorSpec, blobs []blob, opt Options) (_ *calibResult, err error) {
 	c := opt.Calibrate
+	method := c.Method
+	if method == "" {
+		method = CalibGPTQ
+	}
+	if method != CalibGPTQ && method != CalibRMS {
+		return nil, fmt.Errorf("convert: calibration method %q: want %s or %s", c.Method, CalibGPTQ, CalibRMS)
+	}
 	if err := calibArchError(&hdr.Arch); err != nil {
 		return nil, err
 	}
@@ -92,9 +131,18 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	seq = min(seq, n)
 
 	t0 := time.Now()
+	res := &calibResult{stats: map[string][]float32{}, cols: map[string]int{}, budget: c.Memory}
+	if res.budget <= 0 {
+		res.budget = DefaultCalibMemory
+	}
+	defer func() {
+		if err != nil {
+			res.close()
+		}
+	}()
 	tmp := filepath.Join(filepath.Dir(out), fmt.Sprintf(".%s.calib-%08x.cmf", filepath.Base(out), rand.Uint32()))
 	slog.Info("calibration: writing a temporary float model", "path", tmp)
-	defer os.Remove(tmp)
+	res.closer = append(res.closer, func() { os.Remove(tmp) })
 	if err := writeFloatModel(ctx, tmp, hdr, ts, blobs); err != nil {
 		return nil, err
 	}
@@ -102,12 +150,12 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if err != nil {
 		return nil, fmt.Errorf("convert: calibration: %w", err)
 	}
-	defer f.Close()
+	res.closer = append(res.closer, func() { f.Close() })
 	m, err := model.Load(f, model.LoadOptions{Threads: opt.Threads})
 	if err != nil {
 		return nil, fmt.Errorf("convert: --calibrate: the model cannot run on the CPU: %w", err)
 	}
-	defer m.Close()
+	res.closer = append(res.closer, m.Close)
 	tok, err := engine.LoadTokenizer(f)
 	if err != nil {
 		return nil, fmt.Errorf("convert: calibration: %w", err)
@@ -116,20 +164,212 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if err != nil {
 		return nil, fmt.Errorf("convert: calibration text %s: %w", c.Text, err)
 	}
-	col := NewStatsCollector()
-	total, err := RunCalibration(ctx, m, samples, col)
+	res.rerun = func(ctx context.Context, obs model.Observer) error {
+		_, err := RunCalibration(ctx, m, samples, obs)
+		return err
+	}
+	if method == CalibGPTQ {
+		for _, sp := range specs {
+			if sp.DType == quant.Q4TP {
+				_, cols, _ := quant.Matrix(sp.Shape)
+				res.order = append(res.order, sp.Name)
+				res.cols[sp.Name] = cols
+			}
+		}
+	}
+	// The first run gathers every weight's RMS and the first window's
+	// Gram matrices.
+	stats := NewStatsCollector()
+	obs := multiObserver{stats}
+	grams := res.window()
+	if grams != nil {
+		obs = append(obs, grams)
+	}
+	total, err := RunCalibration(ctx, m, samples, obs)
 	if err != nil {
 		return nil, err
 	}
-	res := &calibResult{stats: map[string][]float32{}, record: cmf.Calibration{
-		Method: "rms-weighted", Dataset: filepath.Base(c.Text), Samples: len(samples), Tokens: total,
-		Statistic: "rms",
-	}}
-	for name, s := range col.Stats {
+	for name, s := range stats.Stats {
 		res.stats[name] = s.RMS()
 	}
-	slog.Info("calibration: done", "sequences", len(samples), "tokens", total, "weights", len(res.stats), "elapsed", time.Since(t0).Round(time.Millisecond))
+	// Weights the model never multiplied (an untied embedding) are
+	// encoded without statistics.
+	res.order = slices.DeleteFunc(res.order, func(n string) bool { return res.stats[n] == nil })
+	if err := res.load(grams); err != nil {
+		return nil, err
+	}
+	res.record = cmf.Calibration{Method: method, Dataset: filepath.Base(c.Text), Samples: len(samples), Tokens: total, Statistic: "rms"}
+	slog.Info("calibration: statistics gathered", "method", method, "sequences", len(samples), "tokens", total, "weights", len(res.stats), "elapsed", time.Since(t0).Round(time.Millisecond))
 	return res, nil
+}
+
+// window returns the Gram collector for the weights from r.next on that
+// fit the memory budget (at least one; counted as if no two shared an
+// input), or nil when no weight is left.
+func (r *calibResult) window() *gramObserver {
+	if r.next >= len(r.order) {
+		return nil
+	}
+	o := &gramObserver{want: map[string]bool{}, grams: map[string]*quant.Gram{}, owner: map[string]bool{}}
+	var used int64
+	for _, name := range r.order[r.next:] {
+		b := quant.GPTQBytes(r.cols[name])
+		if len(o.want) > 0 && used+b > r.budget {
+			break
+		}
+		o.want[name] = true
+		used += b
+	}
+	return o
+}
+
+// load factors the gathered Gram matrices into the window's encoders.
+func (r *calibResult) load(o *gramObserver) error {
+	if o == nil {
+		return nil
+	}
+	if err := o.Err(); err != nil {
+		return err
+	}
+	r.win = map[string]*quant.GPTQ{}
+	made := map[*quant.Gram]*quant.GPTQ{}
+	for r.next < len(r.order) && o.want[r.order[r.next]] {
+		name := r.order[r.next]
+		g := o.grams[name]
+		if g == nil {
+			return fmt.Errorf("convert: calibration: %s was not seen in the calibration run", name)
+		}
+		q := made[g]
+		if q == nil {
+			var err error
+			if q, err = quant.NewGPTQ(g, quant.GPTQOptions{}); err != nil {
+				return fmt.Errorf("convert: calibration: %s: %w", name, err)
+			}
+			made[g] = q
+		}
+		r.win[name] = q
+		r.next++
+	}
+	return nil
+}
+
+// encoder returns the GPTQ encoder of a weight, running the calibration
+// again for the next window when the weight is past the loaded one; nil
+// for a weight GPTQ does not encode (or a nil receiver).
+func (r *calibResult) encoder(ctx context.Context, name string) (*quant.GPTQ, error) {
+	if r == nil || r.cols[name] == 0 {
+		return nil, nil
+	}
+	if q := r.win[name]; q != nil {
+		return q, nil
+	}
+	if r.next >= len(r.order) || r.order[r.next] != name {
+		return nil, nil // never multiplied by the model: no statistics
+	}
+	r.win = nil // let the previous window go before gathering the next
+	t0 := time.Now()
+	o := r.window()
+	if err := r.rerun(ctx, o); err != nil {
+		return nil, err
+	}
+	if err := r.load(o); err != nil {
+		return nil, err
+	}
+	slog.Info("calibration: gathered the next window of Gram matrices", "weights", len(o.want), "elapsed", time.Since(t0).Round(time.Millisecond))
+	return r.win[name], nil
+}
+
+// gramObserver gathers the Gram matrices of the inputs of the weights in
+// want. Weights observed one after the other on the very same buffer
+// (q/k/v, gate/up) share one matrix, added once.
+type gramObserver struct {
+	want    map[string]bool
+	grams   map[string]*quant.Gram
+	owner   map[string]bool // the weight whose observation adds to its matrix
+	last    *float32
+	lastLen int
+	lastG   *quant.Gram
+	err     error
+}
+
+func (o *gramObserver) Observe(w string, x []float32, rows, cols int) {
+	if len(x) == 0 {
+		return
+	}
+	same := &x[0] == o.last && len(x) == o.lastLen
+	if !same {
+		o.last, o.lastLen, o.lastG = &x[0], len(x), nil
+	}
+	if !o.want[w] {
+		return
+	}
+	g, ok := o.grams[w]
+	if !ok {
+		if same && o.lastG != nil && o.lastG.Cols() == cols {
+			g = o.lastG
+		} else {
+			g = quant.NewGram(cols)
+			o.owner[w] = true
+		}
+		o.grams[w] = g
+	}
+	o.lastG = g
+	if !o.owner[w] {
+		return
+	}
+	if g.Cols() != cols {
+		o.fail(fmt.Errorf("%s: input of %d columns, then %d", w, g.Cols(), cols))
+		return
+	}
+	if err := g.Add(x, rows); err != nil {
+		o.fail(fmt.Errorf("%s: %w", w, err))
+	}
+}
+
+func (o *gramObserver) fail(err error) {
+	if o.err == nil {
+		o.err = err
+	}
+}
+
+// Err returns the first error met while observing.
+func (o *gramObserver) Err() error { return o.err }
+
+// multiObserver passes every observation to each of its observers.
+type multiObserver []errReporter
+
+func (m multiObserver) Observe(w string, x []float32, rows, cols int) {
+	for _, o := range m {
+		o.Observe(w, x, rows, cols)
+	}
+}
+
+func (m multiObserver) Err() error {
+	for _, o := range m {
+		if err := o.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gptqCodec is the q4tp codec with rows encoded by a GPTQ encoder.
+type gptqCodec struct {
+	quant.Codec
+	q *quant.GPTQ
+}
+
+func (c gptqCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, _ *quant.EncodeOptions) error {
+	return c.q.EncodeRows(dst, w, rows, cols, r0)
+}
+
+// codecFor returns the codec of d, encoding by GPTQ when q is set.
+func codecFor(d quant.DType, q *quant.GPTQ) (quant.Codec, error) {
+	c, err := quant.CodecFor(d)
+	if err != nil || q == nil {
+		return c, err
+	}
+	return gptqCodec{c, q}, nil
 }
 
 // ReadCalibrationText reads a calibration text file, gunzipping it when it

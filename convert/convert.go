@@ -82,27 +82,30 @@ type blob struct {
 func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blobs []blob, opt Options) (*Result, error) {
 	t0 := time.Now()
 	pol := &Policy{Default: opt.Quant, Keep: opt.Keep}
-	var cal *calibResult
-	if opt.Calibrate != nil {
-		var err error
-		if cal, err = calibrate(ctx, out, hdr, ts, blobs, opt); err != nil {
-			return nil, err
-		}
-	}
 	hdr.QuantType = opt.Quant.String()
 	hdr.QuantPolicy = pol.Record()
 	specs := make([]cmf.TensorSpec, 0, len(ts)+len(blobs))
 	res := &Result{DTypeCount: map[string]int{}}
 	var total int64
-	stats := make([][]float32, len(ts)) // calibration statistics used per tensor
-	for i, t := range ts {
+	for _, t := range ts {
 		tied := hdr.Arch.TieWordEmbeddings && t.name == "model.embed_tokens.weight"
 		d, _ := pol.Choose(t.name, t.shape, tied)
 		specs = append(specs, cmf.TensorSpec{Name: t.name, DType: d, Shape: t.shape})
 		res.DTypeCount[d.String()]++
 		total += t.inBytes
-		if cal != nil && (d == quant.Q4TP || d == quant.Q82F) {
-			stats[i] = cal.stats[t.name]
+	}
+	var cal *calibResult
+	stats := make([][]float32, len(ts)) // calibration statistics used per tensor
+	if opt.Calibrate != nil {
+		var err error
+		if cal, err = calibrate(ctx, out, hdr, ts, specs, blobs, opt); err != nil {
+			return nil, err
+		}
+		defer cal.close()
+		for i, sp := range specs {
+			if sp.DType == quant.Q4TP || sp.DType == quant.Q82F {
+				stats[i] = cal.stats[sp.Name]
+			}
 		}
 	}
 	calSpecs := cal.specs(specs[:len(ts)], stats)
@@ -126,6 +129,10 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 			return nil, fmt.Errorf("convert: interrupted: %w", err)
 		}
 		d := specs[i].DType
+		gq, err := cal.encoder(ctx, t.name)
+		if err != nil {
+			return nil, err
+		}
 		if raw, sd, ok := t.raw(); ok && sd == d {
 			if err := w.WriteTensor(t.name, raw); err != nil {
 				return nil, err
@@ -138,7 +145,7 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 				enc = make([]byte, nb)
 			}
 			enc = enc[:nb]
-			c, err := quant.CodecFor(d)
+			c, err := codecFor(d, gq)
 			if err != nil {
 				return nil, err
 			}
@@ -178,7 +185,11 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 				enc = make([]byte, nb)
 			}
 			enc = enc[:nb]
-			if err := encodeParallel(d, enc, buf, rows, cols, opt.Threads, stats[i]); err != nil {
+			c, err := codecFor(d, gq)
+			if err != nil {
+				return nil, err
+			}
+			if err := encodeParallel(c, enc, buf, rows, cols, opt.Threads, stats[i]); err != nil {
 				return nil, fmt.Errorf("convert: %s as %s: %w", t.name, d, err)
 			}
 			if err := w.WriteTensor(t.name, enc); err != nil {
@@ -216,13 +227,9 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 // encodeParallel encodes rows in chunks on several goroutines. q8_2f fits
 // its column field over the whole tensor first, so chunks agree. stats are
 // the calibration statistics of the weight's input (nil: none).
-func encodeParallel(d quant.DType, dst []byte, w []float32, rows, cols, threads int, stats []float32) error {
-	c, err := quant.CodecFor(d)
-	if err != nil {
-		return err
-	}
+func encodeParallel(c quant.Codec, dst []byte, w []float32, rows, cols, threads int, stats []float32) error {
 	opt := &quant.EncodeOptions{ColStats: stats}
-	if d == quant.Q82F {
+	if c.DType() == quant.Q82F {
 		opt.Col = quant.FitColumns(w, rows, cols, stats)
 	}
 	if threads <= 0 {

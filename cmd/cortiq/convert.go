@@ -18,7 +18,7 @@ import (
 func init() { commands = append(commands, newConvert) }
 
 func newConvert() *cobra.Command {
-	var out, qs, shard, calib string
+	var out, qs, shard, calib, calibMethod, calibMem string
 	var keep []string
 	var threads, calibTokens, calibCtx int
 	c := &cobra.Command{
@@ -29,8 +29,9 @@ file to a CMF file, choosing a storage format per tensor role (see docs/convert.
 Tensors stream one at a time: memory stays near the largest tensor.
 
 --calibrate TEXT runs the model (llama, qwen2, qwen3) on tokens of TEXT first and
-encodes q4tp and q8_2f weights to minimise the error of each layer's outputs on such
-activations rather than of the weights; the statistics are stored in the file.`,
+encodes q4tp weights by GPTQ (or, with --calib-method rms, with their error weighted by
+each input's RMS) and fits q8_2f column fields to the activations, so that each layer's
+outputs rather than its weights are kept close; the statistics are stored in the file.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
@@ -59,9 +60,21 @@ activations rather than of the weights; the statistics are stored in the file.`,
 				if calibTokens < 0 || calibCtx < 0 {
 					return fmt.Errorf("convert: --calib-tokens and --calib-ctx must not be negative")
 				}
-				opt.Calibrate = &convert.Calibrate{Text: calib, Tokens: calibTokens, Ctx: calibCtx}
-			} else if cmd.Flags().Changed("calib-tokens") || cmd.Flags().Changed("calib-ctx") {
-				return fmt.Errorf("convert: --calib-tokens and --calib-ctx need --calibrate")
+				if calibMethod != convert.CalibGPTQ && calibMethod != convert.CalibRMS {
+					return fmt.Errorf("convert: --calib-method %q: want %s or %s", calibMethod, convert.CalibGPTQ, convert.CalibRMS)
+				}
+				opt.Calibrate = &convert.Calibrate{Text: calib, Tokens: calibTokens, Ctx: calibCtx, Method: calibMethod}
+				if calibMem != "" {
+					if opt.Calibrate.Memory, err = parseBytes(calibMem); err != nil {
+						return fmt.Errorf("convert: --calib-memory: %w", err)
+					}
+				}
+			} else {
+				for _, f := range []string{"calib-tokens", "calib-ctx", "calib-method", "calib-memory"} {
+					if cmd.Flags().Changed(f) {
+						return fmt.Errorf("convert: --%s needs --calibrate", f)
+					}
+				}
 			}
 			if shard != "" {
 				if opt.ShardBytes, err = parseBytes(shard); err != nil {
@@ -87,6 +100,8 @@ activations rather than of the weights; the statistics are stored in the file.`,
 	c.Flags().StringVar(&calib, "calibrate", "", "calibration text file (UTF-8, may be gzipped): encode q4tp/q8_2f weights for the activations it produces")
 	c.Flags().IntVar(&calibTokens, "calib-tokens", 0, fmt.Sprintf("tokens of calibration text to run (0: %d)", convert.DefaultCalibTokens))
 	c.Flags().IntVar(&calibCtx, "calib-ctx", 0, fmt.Sprintf("tokens per calibration sequence (0: %d, at most the model's context)", convert.DefaultCalibCtx))
+	c.Flags().StringVar(&calibMethod, "calib-method", convert.CalibGPTQ, "how calibration encodes q4tp: gptq (error feedback through the inputs' Gram matrices) or rms (error weighted by each input's RMS)")
+	c.Flags().StringVar(&calibMem, "calib-memory", "", "memory for GPTQ's Gram matrices at once, e.g. 8GiB (default 4GiB; less means more passes over the text)")
 	return c
 }
 
