@@ -72,7 +72,7 @@ func useISA(l isaLevel) isaLevel {
 	kernelTable = genericTable
 	quantizeRow = quantizeRowGo
 	dot4f = dot4
-	dotVec, axpyVec, siluMulVec = dotGo, axpyGo, siluMulGo
+	dotVec, axpyVec, siluMulVec, expSumVec = dotGo, axpyGo, siluMulGo, expSumGo
 	installISA(l)
 	isa = l
 	return prev

@@ -34,12 +34,7 @@ func Softmax(x []float32) {
 	for _, v := range x[1:] {
 		mx = max(mx, v)
 	}
-	var sum float64
-	for i, v := range x {
-		e := Exp(v - mx)
-		x[i] = e
-		sum += float64(e)
-	}
+	sum := expSumVec(x, mx)
 	inv := float32(1 / sum)
 	for i := range x {
 		x[i] *= inv
@@ -53,6 +48,20 @@ func SiLUMul(a, b []float32) {
 	if len(a) > 0 {
 		siluMulVec(a, b)
 	}
+}
+
+// expSumVec sets x[i] = Exp(x[i]-mx) and returns Σ x[i] in float64:
+// expSumGo or an assembly twin.
+var expSumVec = expSumGo
+
+func expSumGo(x []float32, mx float32) float64 {
+	var sum float64
+	for i, v := range x {
+		e := Exp(v - mx)
+		x[i] = e
+		sum += float64(e)
+	}
+	return sum
 }
 
 // siluMulVec is SiLUMul's kernel in use: siluMulGo or an assembly twin.

@@ -180,3 +180,42 @@ sloop:
 sdone:
 	VZEROUPPER
 	RET
+
+// func expSumAVX512(x *float32, n int, mx float32) float64
+//
+// x[i] = e^(x[i]-mx) (float32, as Softmax), returning Σ x[i] in float64.
+TEXT ·expSumAVX512(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), DI
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS mx+16(FP), Z9
+	VPXORQ       Z10, Z10, Z10
+	VPXORQ       Z11, Z11, Z11
+
+eloop:
+	TESTQ CX, CX
+	JLE   edone
+	TAILMASK
+	VMOVUPS.Z     (DI), K1, Z0
+	VSUBPS        Z9, Z0, Z0
+	EXPE(Z0, Z3, Z4)
+	VMOVUPS.Z     Z0, K1, Z0
+	VMOVUPS       Z0, K1, (DI)
+	VCVTPS2PD     Y0, Z1
+	VEXTRACTF32X8 $1, Z0, Y2
+	VCVTPS2PD     Y2, Z2
+	VADDPD        Z1, Z10, Z10
+	VADDPD        Z2, Z11, Z11
+	ADDQ          $64, DI
+	SUBQ          $16, CX
+	JMP           eloop
+
+edone:
+	VADDPD        Z11, Z10, Z10
+	VEXTRACTF64X4 $1, Z10, Y11
+	VADDPD        Y11, Y10, Y10
+	VEXTRACTF128  $1, Y10, X11
+	VADDPD        X11, X10, X10
+	VHADDPD       X10, X10, X10
+	VMOVSD        X10, ret+24(FP)
+	VZEROUPPER
+	RET

@@ -34,6 +34,18 @@ func TestOpsMatchReference(t *testing.T) {
 						t.Fatalf("%s AXPY n=%d [%d]: %g, plain %g", l, n, i, y1[i], y2[i])
 					}
 				}
+				// Softmax's exponentials and their float64 sum.
+				e1 := append([]float32(nil), b...)
+				e2 := append([]float32(nil), b...)
+				sum1, sum2 := expSumVec(e1, 1.5), expSumGo(e2, 1.5)
+				if math.Abs(sum1-sum2) > 1e-6*sum2 {
+					t.Fatalf("%s expSum n=%d: %g, plain %g", l, n, sum1, sum2)
+				}
+				for i := range e1 {
+					if d := math.Abs(float64(e1[i] - e2[i])); d > 4e-7*float64(e2[i]) {
+						t.Fatalf("%s expSum n=%d [%d]: %g, plain %g", l, n, i, e1[i], e2[i])
+					}
+				}
 				// SiLUMul, including large and tiny gates.
 				g := append([]float32(nil), a...)
 				for i := range g {
