@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cortiq/cortiq/quant"
@@ -172,6 +174,31 @@ func BenchmarkPrefill(b *testing.B) {
 			}
 			// 16 layers of a 1B model and no head: tok/s of the layers.
 			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds()/16, "tok/s")
+		})
+	}
+}
+
+// BenchmarkReadBandwidth streams a 512 MiB buffer with 1 and with
+// DefaultThreads goroutines (each its own contiguous part): the machine's
+// read bandwidth, the ceiling of decode. Run it beside the kernels: on a
+// shared machine the figure moves with the neighbours' load.
+func BenchmarkReadBandwidth(b *testing.B) {
+	buf := make([]byte, 512<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for _, th := range []int{1, DefaultThreads()} {
+		b.Run(fmt.Sprintf("%s/t%d", ISA(), th), func(b *testing.B) {
+			b.SetBytes(int64(len(buf)))
+			var sum atomic.Uint64
+			for b.Loop() {
+				var wg sync.WaitGroup
+				per := len(buf) / th
+				for k := range th {
+					wg.Go(func() { sum.Add(streamRead(buf[k*per : (k+1)*per])) })
+				}
+				wg.Wait()
+			}
 		})
 	}
 }

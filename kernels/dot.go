@@ -73,6 +73,7 @@ func useISA(l isaLevel) isaLevel {
 	quantizeRow = quantizeRowGo
 	dot4f = dot4
 	dotVec, axpyVec, siluMulVec, expSumVec = dotGo, axpyGo, siluMulGo, expSumGo
+	streamVec = streamGo
 	installISA(l)
 	isa = l
 	return prev

@@ -79,6 +79,7 @@ func installISA(l isaLevel) {
 	quantizeRow = quantizeRowAVX512
 	dot4f = dot4AVX512
 	dotVec, axpyVec, siluMulVec, expSumVec = dotOpAVX512, axpyOpAVX512, siluMulOpAVX512, expSumOpAVX512
+	streamVec = streamOpAVX512
 	kernelTable[quant.F32].dot, kernelTable[quant.F32].dot4 = dotF32AVX512, dot4F32AVX512
 	kernelTable[quant.F16].dot, kernelTable[quant.F16].dot4 = dotF16AVX512, dot4F16AVX512
 	kernelTable[quant.BF16].dot, kernelTable[quant.BF16].dot4 = dotBF16AVX512, dot4BF16AVX512

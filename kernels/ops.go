@@ -1,6 +1,9 @@
 package kernels
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+)
 
 // RMSNorm writes the root-mean-square normalisation of x to dst:
 // dst[i] = w[i]·x[i]/sqrt(mean(x²)+eps), or (1+w[i])·… when onePlus (the
@@ -132,4 +135,33 @@ func Exp(x float32) float32 {
 	p = p*r + 1
 	p = p*r + 1
 	return p * math.Float32frombits(uint32(int32(n)+127)<<23)
+}
+
+// streamRead reads all of b (the read-bandwidth probe of the benchmarks)
+// and returns a checksum so the reads cannot be optimised away.
+func streamRead(b []byte) uint64 {
+	n := len(b) &^ 255
+	var s uint64
+	if n > 0 {
+		s = streamVec(b[:n])
+	}
+	for _, v := range b[n:] {
+		s ^= uint64(v)
+	}
+	return s
+}
+
+// streamVec is streamRead's kernel in use: streamGo or an assembly twin.
+var streamVec = streamGo
+
+func streamGo(b []byte) uint64 {
+	var s0, s1, s2, s3 uint64
+	for i := 0; i+32 <= len(b); i += 32 {
+		w := b[i : i+32 : i+32]
+		s0 ^= binary.LittleEndian.Uint64(w)
+		s1 ^= binary.LittleEndian.Uint64(w[8:])
+		s2 ^= binary.LittleEndian.Uint64(w[16:])
+		s3 ^= binary.LittleEndian.Uint64(w[24:])
+	}
+	return s0 ^ s1 ^ s2 ^ s3
 }

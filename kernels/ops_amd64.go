@@ -23,3 +23,5 @@ func siluMulOpAVX512(a, b []float32) { siluMulAVX512(&a[0], &b[0], len(a)) }
 func expSumAVX512(x *float32, n int, mx float32) float64
 
 func expSumOpAVX512(x []float32, mx float32) float64 { return expSumAVX512(&x[0], len(x), mx) }
+
+func streamOpAVX512(b []byte) uint64 { return streamAVX512(&b[0], len(b)) }

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -96,3 +97,28 @@ func BenchmarkOps(b *testing.B) {
 }
 
 var sinkF float32
+
+func TestStreamRead(t *testing.T) {
+	for _, l := range isaLevels() {
+		withISA(t, l, func() {
+			for _, n := range []int{0, 1, 255, 256, 257, 4096 + 17} {
+				b := make([]byte, n)
+				for i := range b {
+					b[i] = byte(i*7 + 1)
+				}
+				// XOR of the 8-byte words, then the tail bytes.
+				var want uint64
+				m := n &^ 255
+				for i := 0; i+8 <= m; i += 8 {
+					want ^= binary.LittleEndian.Uint64(b[i:])
+				}
+				for _, v := range b[m:] {
+					want ^= uint64(v)
+				}
+				if got := streamRead(b); got != want {
+					t.Fatalf("%s n=%d: %x, want %x", l, n, got, want)
+				}
+			}
+		})
+	}
+}
