@@ -198,6 +198,9 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if err := res.load(grams); err != nil {
 		return nil, err
 	}
+	if len(res.order) == 0 {
+		method = CalibRMS // no q4tp weight to encode by GPTQ: the statistics alone were used
+	}
 	res.record = cmf.Calibration{Method: method, Dataset: filepath.Base(c.Text), Samples: len(samples), Tokens: total, Statistic: "rms"}
 	slog.Info("calibration: statistics gathered", "method", method, "sequences", len(samples), "tokens", total, "weights", len(res.stats), "elapsed", time.Since(t0).Round(time.Millisecond))
 	return res, nil

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/convert"
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/model"
@@ -363,6 +365,8 @@ func simulateGGML(t *testing.T, dir, format string) string {
 	return out
 }
 
+var calibExperiment = flag.Bool("calib-experiment", false, "run TestTrainedCalibrationExperiment (docs/quant.md)")
+
 // gramCollector gathers, for the calibration experiment, the Gram matrix
 // XᵀX of every linear layer's input, once per distinct input (q/k/v share
 // one, gate/up another); the output head is skipped.
@@ -403,10 +407,15 @@ func (g *gramCollector) Err() error { return g.err }
 // weights in several ways, and scores each (fake-quantized: the decoded
 // weights stored as f32, the head as q8_row and the embedding as plain
 // q4tp, as the converter's policy stores them) on the held-out text.
-// Run it with -v to see the table; it checks that GPTQ beats plain q4tp.
+// It also runs GPTQ sequentially: layer l calibrated on the model whose
+// earlier layers are already quantized. Run it with
+//
+//	go test ./cmd/cortiq -run TrainedCalibrationExperiment -v -calib-experiment
+//
+// to see the table; it checks that GPTQ beats plain q4tp.
 func TestTrainedCalibrationExperiment(t *testing.T) {
-	if testing.Short() {
-		t.Skip("calibration experiment")
+	if !*calibExperiment {
+		t.Skip("the calibration experiment runs with -calib-experiment (about 15 s)")
 	}
 	ev := loadTrainedEval(t)
 	f32 := filepath.Join(t.TempDir(), "f32.cmf")
@@ -530,6 +539,77 @@ func TestTrainedCalibrationExperiment(t *testing.T) {
 			t.Logf("%-13s %s", v.name, scores[v.name])
 		})
 	}
+	// Sequential GPTQ: layer l is calibrated on the inputs of the model
+	// whose embedding and layers < l are already quantized.
+	t.Run("gptq+refine-sequential", func(t *testing.T) {
+		done := map[string][]float32{}
+		fake := func(name string, w []float32, shape []int) []float32 {
+			switch {
+			case len(shape) != 2 || shape[1]%32 != 0:
+				return w
+			case name == "lm_head.weight":
+				return roundTrip(quant.Q8Row, w, shape, nil)
+			case name == "model.embed_tokens.weight":
+				return roundTrip(quant.Q4TP, w, shape, nil)
+			}
+			if q, ok := done[name]; ok {
+				return q
+			}
+			return w
+		}
+		open := func() *engine.Engine {
+			dir := filepath.Join(t.TempDir(), "sim")
+			writeSimulated(t, trainedDir, dir, fake)
+			p := filepath.Join(t.TempDir(), "m.cmf")
+			if _, err := cli(t, "convert", dir, "-o", p, "--quant", "f32"); err != nil {
+				t.Fatal(err)
+			}
+			e, err := engine.Open(p, engine.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		for l := 0; ; l++ {
+			prefix := fmt.Sprintf("model.layers.%d.", l)
+			var names []string
+			for _, n := range st.Tensors() {
+				if strings.HasPrefix(n, prefix) && strings.HasSuffix(n, "_proj.weight") {
+					names = append(names, n)
+				}
+			}
+			if len(names) == 0 {
+				break
+			}
+			e := open()
+			lc := &gramCollector{grams: map[string]*quant.Gram{}}
+			if _, err := convert.RunCalibration(context.Background(), e.Model, samples, lc); err != nil {
+				t.Fatal(err)
+			}
+			e.Close()
+			encs := map[string]*quant.GPTQ{}
+			for _, n := range names {
+				info, _ := st.Tensor(n)
+				w, _ := st.Float32(n)
+				k := gramKey(n)
+				if encs[k] == nil {
+					var err error
+					if encs[k], err = quant.NewGPTQ(lc.grams[k], quant.GPTQOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				b := mustBytes(t, quant.Q4TP, info.Shape)
+				if err := encs[k].EncodeRows(b, w, info.Shape[0], info.Shape[1], 0); err != nil {
+					t.Fatal(err)
+				}
+				done[n], _ = quant.Decode(quant.Q4TP, b, info.Shape)
+			}
+		}
+		e := open()
+		defer e.Close()
+		scores["sequential"] = ev.score(t, e)
+		t.Logf("%-13s %s", "gptq+refine, sequential", scores["sequential"])
+	})
 	if g, p := scores["gptq+refine"], scores["plain"]; g.textKL >= p.textKL || g.rel >= p.rel {
 		t.Errorf("gptq (%s) does not beat plain q4tp (%s)", g, p)
 	}
@@ -578,4 +658,38 @@ func mustBytes(t *testing.T, d quant.DType, shape []int) []byte {
 		t.Fatal(err)
 	}
 	return make([]byte, n)
+}
+
+// TestConvertCalibrateFlags checks the flag errors of convert --calibrate,
+// all found before any conversion work.
+func TestConvertCalibrateFlags(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "m.cmf")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--quant", "q8_row", "--calibrate", calibText}, "only changes q4tp and q8_2f"},
+		{[]string{"--quant", "q4tp", "--calib-tokens", "64"}, "--calib-tokens needs --calibrate"},
+		{[]string{"--quant", "q4tp", "--calib-method", "rms"}, "--calib-method needs --calibrate"},
+		{[]string{"--quant", "q4tp", "--calibrate", calibText, "--calib-method", "awq"}, "--calib-method"},
+		{[]string{"--quant", "q4tp", "--calibrate", calibText, "--calib-memory", "1KB"}, "--calib-memory"},
+		{[]string{"--quant", "q4tp", "--calibrate", calibText, "--calib-tokens", "-1"}, "must not be negative"},
+	} {
+		_, err := cli(t, append([]string{"convert", trainedDir, "-o", out}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+	// --keep can bring q4tp under another default.
+	if _, err := cli(t, "convert", trainedDir, "-o", out, "--quant", "q8_row", "--keep", `mlp\.down_proj=q4tp`, "--calibrate", calibText, "--calib-tokens", "256", "--calib-ctx", "128"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := cmf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if c := m.Header.Calibration; c == nil || len(c.Tensors) != 4 || c.Tokens != 256 {
+		t.Fatalf("calibration section %+v, want the 4 down_proj weights over 256 tokens", c)
+	}
 }
