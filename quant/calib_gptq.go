@@ -393,9 +393,30 @@ func invCholUpper(a []float64, n int) ([]float64, error) {
 	return m, nil
 }
 
+// parallelMin is the work (multiply-adds) below which a step of the
+// factorization stays on one goroutine.
+const parallelMin = 1 << 14
+
+// parallelRange calls fn on parts of [lo, hi) on several goroutines when
+// work is large, else once on the caller's.
+func parallelRange(lo, hi int, work int64, fn func(lo, hi int)) {
+	parts := min(runtime.GOMAXPROCS(0), hi-lo)
+	if work < parallelMin || parts <= 1 {
+		fn(lo, hi)
+		return
+	}
+	var wg sync.WaitGroup
+	step := (hi - lo + parts - 1) / parts
+	for a := lo; a < hi; a += step {
+		b := min(hi, a+step)
+		wg.Go(func() { fn(a, b) })
+	}
+	wg.Wait()
+}
+
 // cholLower overwrites the lower triangle of the symmetric positive
 // definite a (n×n row-major) with L, a = L·Lᵀ; the upper triangle is
-// cleared.
+// cleared. Each column's rows are computed in parallel when large.
 func cholLower(a []float64, n int) error {
 	for j := range n {
 		rj := a[j*n : j*n+j]
@@ -408,32 +429,47 @@ func cholLower(a []float64, n int) error {
 		}
 		d := math.Sqrt(s)
 		a[j*n+j] = d
-		for i := j + 1; i < n; i++ {
-			ri := a[i*n : i*n+j]
-			s := a[i*n+j]
-			for k, v := range rj {
-				s -= ri[k] * v
+		parallelRange(j+1, n, int64(n-j)*int64(j), func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				ri := a[i*n : i*n+j]
+				s := a[i*n+j]
+				for k, v := range rj {
+					s -= ri[k] * v
+				}
+				a[i*n+j] = s / d
 			}
-			a[i*n+j] = s / d
-		}
+		})
 		clear(a[j*n+j+1 : (j+1)*n])
 	}
 	return nil
 }
 
-// invLower inverts the lower-triangular l (n×n row-major) in place.
-// Row i of the inverse needs only row i of l and rows < i of the inverse,
-// and its entries j < i are computed in increasing j, each overwriting an
-// entry of l no longer needed.
+// invLower inverts the lower-triangular l (n×n row-major) in place. Row i
+// of the inverse X is −(Σ_{k<i} L[i,k]·X[k,:])/L[i,i] off the diagonal
+// and 1/L[i,i] on it: rows of X already computed are read along their
+// length (cache-friendly), into a scratch row (split across goroutines by
+// columns when large) that then replaces row i of L.
 func invLower(l []float64, n int) {
+	acc := make([]float64, n)
 	for i := range n {
 		d := l[i*n+i]
-		for j := range i {
-			var s float64
-			for k := j; k < i; k++ {
-				s += l[i*n+k] * l[k*n+j]
+		li := l[i*n : i*n+i]
+		parallelRange(0, i, int64(i)*int64(i)/2, func(c0, c1 int) {
+			out := acc[c0:c1]
+			clear(out)
+			for k := c0; k < i; k++ {
+				a := li[k]
+				if a == 0 {
+					continue
+				}
+				xk := l[k*n+c0 : k*n+min(c1, k+1)]
+				for c, v := range xk {
+					out[c] -= a * v
+				}
 			}
-			l[i*n+j] = -s / d
+		})
+		for j := range i {
+			l[i*n+j] = acc[j] / d
 		}
 		l[i*n+i] = 1 / d
 	}

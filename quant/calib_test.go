@@ -297,8 +297,13 @@ func TestGramAddMatchesNaive(t *testing.T) {
 // TestInvCholUpper checks the single-buffer factor against the definition
 // Uᵀ·U·A = I, U upper triangular.
 func TestInvCholUpper(t *testing.T) {
-	r := rand.New(rand.NewPCG(24, 24))
-	const n = 37
+	for _, n := range []int{1, 37, 300} { // 300 runs the parallel steps
+		testInvCholUpper(t, n)
+	}
+}
+
+func testInvCholUpper(t *testing.T, n int) {
+	r := rand.New(rand.NewPCG(24, uint64(n)))
 	b := make([]float64, n*n)
 	for i := range b {
 		b[i] = r.NormFloat64()
@@ -325,25 +330,34 @@ func TestInvCholUpper(t *testing.T) {
 			}
 		}
 	}
+	// Uᵀ·U·A = I, through V = U·A: (UᵀUA)[i,j] = Σ_m U[m,i]·V[m,j].
+	v := make([]float64, n*n)
+	for m := range n {
+		for k := m; k < n; k++ {
+			if um := u[m*n+k]; um != 0 {
+				for j := range n {
+					v[m*n+j] += um * a[k*n+j]
+				}
+			}
+		}
+	}
 	for i := range n {
 		for j := range n {
-			// (Uᵀ·U·A)[i,j]
 			var s float64
-			for k := range n {
-				var utu float64
-				for m := range n {
-					utu += u[m*n+i] * u[m*n+k]
-				}
-				s += utu * a[k*n+j]
+			for m := 0; m <= i; m++ {
+				s += u[m*n+i] * v[m*n+j]
 			}
 			want := 0.0
 			if i == j {
 				want = 1
 			}
 			if math.Abs(s-want) > 1e-6 {
-				t.Fatalf("(UᵀUA)[%d,%d] = %v", i, j, s)
+				t.Fatalf("n=%d: (UᵀUA)[%d,%d] = %v", n, i, j, s)
 			}
 		}
+	}
+	if n != 37 {
+		return
 	}
 	notPD := make([]float64, 4)
 	notPD[0], notPD[3] = 1, -1
