@@ -38,13 +38,15 @@ type Pool struct {
 	done     chan struct{} // wakes a blocked caller
 	workers  []poolWorker
 	task     Task
-	total    int          // the operation's range [0, total)
-	chunk    int          // handed out this many indexes at a time
-	next     atomic.Int64 // the next index to hand out
-	scratch  [][]float32  // per worker: decoded weight rows for MatMul
-	bscratch [][]byte     // per worker: unpacked weight blocks for MatMul
-	xc       []float32    // q8_2f: inputs times the column field
-	qb       qbatch       // int8 inputs of the quantized formats
+	total    int         // the operation's range [0, total)
+	unit     int         // indexes per unit (ranges are split at multiples)
+	grain    int         // units claimed at a time
+	active   int         // workers with a share
+	spans    []span      // per worker: its unclaimed units
+	scratch  [][]float32 // per worker: decoded weight rows for MatMul
+	bscratch [][]byte    // per worker: unpacked weight blocks for MatMul
+	xc       []float32   // q8_2f: inputs times the column field
+	qb       qbatch      // int8 inputs of the quantized formats
 
 	mv matvecTask
 	mm matmulTask
@@ -59,7 +61,7 @@ type poolWorker struct {
 // spinTime is how long an idle worker spins before it parks; waitSpin how
 // long the caller spins for the workers before it blocks.
 const (
-	spinTime = 200 * time.Microsecond
+	spinTime = 50 * time.Microsecond
 	waitSpin = 50 * time.Microsecond
 )
 
@@ -72,7 +74,7 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = DefaultThreads()
 	}
-	p := &Pool{n: n, workers: make([]poolWorker, n), scratch: make([][]float32, n), bscratch: make([][]byte, n), done: make(chan struct{}, 1)}
+	p := &Pool{n: n, workers: make([]poolWorker, n), spans: make([]span, n), scratch: make([][]float32, n), bscratch: make([][]byte, n), done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
 		p.workers[i].wake = make(chan struct{}, 1)
 		go p.worker(i)
@@ -196,30 +198,86 @@ func (p *Pool) run(n, unit, work int, t Task) {
 		t.Run(0, n, 0)
 		return
 	}
-	// Contiguous chunks, chunksPerWorker per worker on average, handed out
-	// in order: each worker still streams long runs of rows, and one that
-	// gets less memory bandwidth or CPU time than the others takes fewer.
-	p.task, p.total = t, n
-	p.chunk = (units + k*chunksPerWorker - 1) / (k * chunksPerWorker) * unit
-	p.next.Store(0)
+	// Each worker owns a contiguous share and streams it from the front,
+	// one grain at a time; a worker that runs out (less memory bandwidth
+	// or CPU time went to the others) takes grains from the back of the
+	// others' shares, which leaves their streams undisturbed.
+	p.task, p.total, p.unit, p.active = t, n, unit, k
+	p.grain = max(1, units/(k*grainsPerWorker))
+	for i := range p.spans {
+		var lo, hi uint64
+		if i < k {
+			lo, hi = uint64(i*units/k), uint64((i+1)*units/k)
+		}
+		p.spans[i].v.Store(lo<<32 | hi)
+	}
 	p.start()
 	p.drain(0)
 	p.wait()
 	p.task = nil
 }
 
-// chunksPerWorker is how finely run splits an operation.
-const chunksPerWorker = 8
+// grainsPerWorker is how finely a share is claimed.
+const grainsPerWorker = 16
 
-// drain runs chunks of the current operation until none is left.
-func (p *Pool) drain(worker int) {
+// span is a worker's unclaimed units [lo, hi) of the current operation,
+// lo in the high half, so that the owner (claiming from lo) and helpers
+// (claiming from hi) update it with one compare-and-swap.
+type span struct {
+	v atomic.Uint64
+	_ [56]byte // one cache line per span
+}
+
+// claim takes up to g units from the front (back: from the back) and
+// returns them, or n = 0 when the span is empty.
+func (s *span) claim(g uint64, back bool) (lo, n uint64) {
 	for {
-		lo := int(p.next.Add(int64(p.chunk))) - p.chunk
-		if lo >= p.total {
-			return
+		v := s.v.Load()
+		a, b := v>>32, v&0xffffffff
+		if a >= b {
+			return 0, 0
 		}
-		p.task.Run(lo, min(lo+p.chunk, p.total), worker)
+		n = min(g, b-a)
+		w := (a+n)<<32 | b
+		if back {
+			w = a<<32 | (b - n)
+		}
+		if s.v.CompareAndSwap(v, w) {
+			if back {
+				return b - n, n
+			}
+			return a, n
+		}
 	}
+}
+
+// drain runs the worker's own share, then helps the others.
+func (p *Pool) drain(worker int) {
+	g := uint64(p.grain)
+	for {
+		lo, n := p.spans[worker].claim(g, false)
+		if n == 0 {
+			break
+		}
+		p.runUnits(lo, n, worker)
+	}
+	for helped := true; helped; {
+		helped = false
+		for v := range p.active {
+			if v == worker {
+				continue
+			}
+			if lo, n := p.spans[v].claim(g, true); n > 0 {
+				p.runUnits(lo, n, worker)
+				helped = true
+			}
+		}
+	}
+}
+
+func (p *Pool) runUnits(lo, n uint64, worker int) {
+	a := int(lo) * p.unit
+	p.task.Run(a, min(a+int(n)*p.unit, p.total), worker)
 }
 
 // prescale returns x (n rows of m.Cols) multiplied by the q8_2f column
