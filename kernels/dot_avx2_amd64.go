@@ -61,6 +61,7 @@ func q8RowsAVX2(m *Mat, lo, hi int, x qvec, y []float32) {
 	r := lo
 	for ; r+4 <= hi; r += 4 {
 		w := m.Data[r*c : (r+4)*c]
+		out = [4]float32{}
 		if nb > 0 {
 			q8Dot4AVX2(&w[0], c, nb, &x.q[0], &x.d[0], &out)
 		}

@@ -514,3 +514,71 @@ func TestQ4TPLadder(t *testing.T) {
 		}
 	}
 }
+
+// FuzzIntKernels runs the int8 kernels of every ISA level on arbitrary
+// stored bytes (any bytes are a valid q8_row or q4tp matrix) and inputs:
+// they must not fault, and where the plain reference is finite and not
+// huge they must agree with it.
+func FuzzIntKernels(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 250, 0x80, 0x7f, 9, 0x3c}, uint8(5), uint8(3), false)
+	f.Add([]byte{0xff, 0, 0x55, 0xaa}, uint8(1), uint8(1), true)
+	f.Add([]byte("q4tp rows of groups"), uint8(17), uint8(9), true)
+	f.Fuzz(func(t *testing.T, data []byte, rows, width uint8, q4 bool) {
+		if len(data) == 0 {
+			return
+		}
+		d, cols := quant.Q8Row, 1+int(width)
+		if q4 {
+			d, cols = quant.Q4TP, 32*(1+int(width)%20)
+		}
+		nr := 1 + int(rows)%40
+		n, err := quant.ExpectedBytes(d, []int{nr, cols})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = data[i%len(data)] ^ byte(i/len(data))
+		}
+		if q4 { // ladders in a range where every path stays finite
+			po := nr * cols / 2
+			for r := range nr {
+				b[po+4*r+1] &= 0xcf // |a| < 16 (f16 exponent below 19)
+				b[po+4*r+3] &= 0xbb // |b| < 1
+			}
+		}
+		m, err := NewMat(d, nr, cols, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := make([]float32, cols)
+		for i := range x {
+			x[i] = float32(int8(data[(i*7)%len(data)])) / 16
+		}
+		var qb qbatch
+		lay := qPlain
+		if q4 {
+			lay = qNib
+		}
+		qb.reset(lay, cols, 1)
+		withISA(t, isaGeneric, func() { qb.quantize(x) })
+		v := qb.pos(0)
+		ref := make([]float32, nr)
+		qrowsInt(m, 0, nr, v, ref)
+		for _, l := range isaLevels()[1:] {
+			withISA(t, l, func() {
+				got := make([]float32, nr)
+				kernelTable[d].qrows(m, 0, nr, v, got)
+				for i := range nr {
+					mag := intMag(m, i, v)
+					if math.IsInf(float64(ref[i]), 0) || math.IsNaN(float64(ref[i])) || !(mag < 1e30) {
+						continue
+					}
+					if diff := math.Abs(float64(got[i] - ref[i])); !(diff <= 2e-6*mag+1e-30) {
+						t.Fatalf("%s %s %dx%d row %d: kernel %g, reference %g", l, d, nr, cols, i, got[i], ref[i])
+					}
+				}
+			})
+		}
+	})
+}
