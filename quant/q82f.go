@@ -65,9 +65,14 @@ func (q82fCodec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, opt *En
 		}
 		binary.LittleEndian.PutUint16(dst[rows*cols+2*r:], h)
 	}
-	clear(dst[rows*cols+2*rows : off])
-	for i, c := range col {
-		binary.LittleEndian.PutUint32(dst[off+int64(4*i):], math.Float32bits(c))
+	if r0 == 0 {
+		// The padding and the column field are shared by all rows: the
+		// chunk holding row 0 writes them, so chunks encoded concurrently
+		// never write the same bytes.
+		clear(dst[rows*cols+2*rows : off])
+		for i, c := range col {
+			binary.LittleEndian.PutUint32(dst[off+int64(4*i):], math.Float32bits(c))
+		}
 	}
 	return nil
 }
