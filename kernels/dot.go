@@ -50,7 +50,7 @@ type isaLevel int
 const (
 	isaGeneric isaLevel = iota // plain Go
 	isaAVX2                    // AVX2 + FMA + F16C
-	isaAVX512                  // AVX-512 F/BW/DQ/VL + VNNI
+	isaAVX512                  // AVX-512 F/BW/DQ/VL + VNNI + GFNI
 )
 
 func (l isaLevel) String() string {

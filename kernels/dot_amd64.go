@@ -60,7 +60,9 @@ func quantizeAVX512(x *float32, n int, q *byte, d *float32, s *int32, shift int,
 func bestISA() isaLevel {
 	x := &cpu.X86
 	switch {
-	case x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasAVX512VNNI:
+	// Ice Lake, Zen 4 and later; Cascade Lake (VNNI without GFNI) runs
+	// the AVX2 kernels.
+	case x.HasAVX512F && x.HasAVX512BW && x.HasAVX512DQ && x.HasAVX512VL && x.HasAVX512VNNI && x.HasAVX512GFNI:
 		return isaAVX512
 	case x.HasAVX2 && x.HasFMA && x.HasF16C:
 		return isaAVX2

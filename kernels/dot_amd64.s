@@ -8,9 +8,9 @@
 // of the next block linearly instead, 256 per 256 bytes consumed.
 #define PFAHEAD 8192
 
-// AVX-512 kernels (F, BW, VL, VNNI). Each computes four dot products of
-// consecutive weight rows with one input vector, so the input is loaded
-// once per four rows; the Go wrappers in dot_amd64.go document the
+// AVX-512 kernels (F, BW, DQ, VL, VNNI, GFNI). Each computes four dot
+// products of consecutive weight rows with one input vector, so the input
+// is loaded once per four rows; the Go wrappers in dot_amd64.go document the
 // contracts and are tested against the plain Go references.
 
 // Lane index tables for VPERMD/VPERMPS.
@@ -63,12 +63,12 @@ GLOBL idxOdd<>(SB), RODATA|NOPTR, $64
 	VADDPS        X1, X0, X0
 
 // Q8ROW is one row of q8Dot4AVX512 over a 64-byte chunk: the weights
-// (masked by K1) made unsigned by flipping their top bit, times the int8
+// (masked by K1) made unsigned by flipping their top bit (one masked
+// load-XOR), times the int8
 // inputs in Z4, accumulated in int32 from the bias Z6, converted and
 // scaled by the block scales Z5 into the float32 accumulator acc.
 #define Q8ROW(addr, t, a, acc) \
-	VMOVDQU8.Z  addr, K1, t; \
-	VPXORD      Z31, t, t; \
+	VPXORD.Z    addr, Z31, K1, t; \
 	VMOVDQA64   Z6, a; \
 	VPDPBUSD    Z4, t, a; \
 	VCVTDQ2PS   a, a; \
@@ -310,6 +310,12 @@ GLOBL rungK<>(SB), RODATA|NOPTR, $128
 	MOVQ 80(DX), R12; MOVQ 88(DX), R13; LADDER(R13, R12); \
 	MOVQ 112(DX), R12; MOVQ 120(DX), R13; LADDER(R13, R12)
 
+// gfShr4 is the GF(2) affine matrix of x>>4 on bytes (VGF2P8AFFINEQB: bit
+// i of the result is the parity of x AND byte 7-i of the matrix), the
+// high nibble in one instruction instead of a shift and a mask.
+DATA gfShr4<>+0(SB)/8, $0x1020408000000000
+GLOBL gfShr4<>(SB), RODATA|NOPTR, $8
+
 // Q4SCALES computes a row's scales for the next 16 groups into sc: the
 // 80 code bits at the row's code pointer plus SI give 16 rung indexes,
 // which pick rungs from the row's ladder (masked by K3 past the row's
@@ -328,14 +334,14 @@ GLOBL rungK<>(SB), RODATA|NOPTR, $128
 	VFMADD231PS     Z23, sc, acc
 
 // Q4ROW is one row over a chunk of 4 groups: the 64 nibble bytes at nib
-// (masked by K1) split into low (even weights) and high (odd weights)
-// nibbles, dotted with the inputs Z4 (even) and Z5 (odd) in int32, then
-// converted and scaled by the chunk's lanes of the row's scales sc.
+// (masked by K1) split into low (even weights) and high (odd weights, by
+// a GF(2) affine shift) nibbles, dotted with the inputs Z4 (even) and Z5
+// (odd) in int32, then converted and scaled by the chunk's lanes of the
+// row's scales sc.
 #define Q4ROW(nib, sc, idx, n, h, a, acc) \
-	VMOVDQU8.Z  (nib), K1, n; \
-	VPSRLW      $4, n, h; \
-	VPANDD      Z31, n, n; \
-	VPANDD      Z31, h, h; \
+	VMOVDQU8.Z          (nib), K1, n; \
+	VGF2P8AFFINEQB.BCST $0, gfShr4<>(SB), n, h; \
+	VPANDD              Z31, n, n; \
 	VPXORD      a, a, a; \
 	VPDPBUSD    Z4, n, a; \
 	VPDPBUSD    Z5, h, a; \
