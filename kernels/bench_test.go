@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/quant"
 )
@@ -233,6 +235,59 @@ func BenchmarkDecodeMatVecs(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 		})
 	}
+}
+
+// BenchmarkDecodeBandwidthShare alternates one token's matvecs (as
+// BenchmarkDecodeMatVecs) with a read of 512 MiB by the same number of
+// goroutines, and reports the median over the pairs of the matvecs' weight
+// GB/s as a share of the read's: on a machine whose bandwidth moves with
+// its neighbours' load, the ratio of measurements taken seconds apart.
+func BenchmarkDecodeBandwidthShare(b *testing.B) {
+	if testing.Short() {
+		b.Skip("allocates a 1B-parameter model")
+	}
+	p := NewPool(0)
+	defer p.Close()
+	buf := make([]byte, 512<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		ms, bytes := decodeModel(b, d)
+		x := make([]float32, 8192)
+		y := make([]float32, 128256)
+		b.Run(fmt.Sprintf("%s/%s/t%d", ISA(), d, p.Workers()), func(b *testing.B) {
+			var shares, toks, bws []float64
+			var sum atomic.Uint64
+			for b.Loop() {
+				t0 := time.Now()
+				var wg sync.WaitGroup
+				per := len(buf) / p.Workers()
+				for k := range p.Workers() {
+					wg.Go(func() { sum.Add(streamRead(buf[k*per : (k+1)*per])) })
+				}
+				wg.Wait()
+				bw := float64(len(buf)) / time.Since(t0).Seconds()
+				t1 := time.Now()
+				for _, m := range ms {
+					p.MatVec(m, x, y)
+				}
+				dt := time.Since(t1).Seconds()
+				shares = append(shares, float64(bytes)/dt/bw)
+				toks = append(toks, 1/dt)
+				bws = append(bws, bw/1e9)
+			}
+			b.ReportMetric(100*median(shares), "%bw")
+			b.ReportMetric(median(toks), "tok/s")
+			b.ReportMetric(median(bws), "readGB/s")
+		})
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // decodeModel returns the matrices of one decode token in order, with
