@@ -26,7 +26,7 @@ func TestBenchTinyModel(t *testing.T) {
 	if bw < 1e8 || bw > 1e13 {
 		t.Fatalf("read bandwidth %.3g B/s is implausible", bw)
 	}
-	res, err := Run(context.Background(), p, e, Config{Prompt: 16, Gen: 8, Reps: 2, Threads: 2}, bw)
+	res, err := Run(context.Background(), p, e, Config{Prompt: 16, Gen: 8, Reps: 2, Threads: 2, Probe: func() float64 { return bw }}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,15 +32,41 @@ func ReadBandwidths(size int64, threads, reps int) (scalar, wide float64) {
 	return scalar, wide
 }
 
-func readBandwidth(size int64, threads, reps int, useWide bool) float64 {
+// Prober measures read bandwidth repeatedly over one buffer allocated once,
+// so probes interleaved with other work cost no allocation or page faults.
+type Prober struct {
+	buf     []uint64
+	threads int
+}
+
+// NewProber allocates and touches a buffer of size bytes.
+func NewProber(size int64, threads int) *Prober {
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
-	n := int(size / 8)
-	buf := make([]uint64, n)
+	buf := make([]uint64, size/8)
 	for i := range buf { // fault every page in before timing
 		buf[i] = uint64(i)
 	}
+	return &Prober{buf: buf, threads: threads}
+}
+
+// Measure returns the best of reps passes of the faster loop, in bytes/s.
+func (p *Prober) Measure(reps int) float64 {
+	bw := p.measure(reps, false)
+	if _, ok := sumWide(p.buf[:64]); ok {
+		bw = max(bw, p.measure(reps, true))
+	}
+	return bw
+}
+
+func readBandwidth(size int64, threads, reps int, useWide bool) float64 {
+	return NewProber(size, threads).measure(reps, useWide)
+}
+
+func (p *Prober) measure(reps int, useWide bool) float64 {
+	buf, threads := p.buf, p.threads
+	n := len(buf)
 	best := 0.0
 	var sink uint64
 	var mu sync.Mutex

@@ -32,15 +32,21 @@ func newBench() *cobra.Command {
 				threads = runtime.GOMAXPROCS(0)
 			}
 			rep := &bench.Report{Threads: threads}
+			var prober *bench.Prober
 			if !noProbe {
-				rep.ReadBandwidth = bench.ReadBandwidth(int64(probeMB)<<20, threads, 5)
+				prober = bench.NewProber(int64(probeMB)<<20, threads)
+				rep.ReadBandwidth = prober.Measure(5)
 			}
 			for _, path := range args {
 				e, err := engine.Open(path, engine.Options{Threads: threads})
 				if err != nil {
 					return err
 				}
-				res, err := bench.Run(cmd.Context(), path, e, bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads}, rep.ReadBandwidth)
+				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads}
+				if !noProbe {
+					cfg.Probe = func() float64 { return prober.Measure(2) }
+				}
+				res, err := bench.Run(cmd.Context(), path, e, cfg, rep.ReadBandwidth)
 				e.Close()
 				if err != nil {
 					return err
@@ -65,6 +71,6 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	c.Flags().BoolVar(&md, "md", true, "Markdown table output (default)")
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
-	c.Flags().IntVar(&probeMB, "probe-mb", 1024, "bandwidth probe buffer size in MiB")
+	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
 	return c
 }
