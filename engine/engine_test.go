@@ -1,4 +1,4 @@
-package engine
+package engine_test
 
 import (
 	"context"
@@ -7,16 +7,17 @@ import (
 	"testing"
 
 	"github.com/cortiq/cortiq/convert"
+	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/quant"
 )
 
-func fixture(t *testing.T) *Engine {
+func fixture(t *testing.T) *engine.Engine {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "m.cmf")
 	if _, err := convert.FromHF(context.Background(), "../testdata/models/qwen3_f32", p, convert.Options{Quant: quant.F32}); err != nil {
 		t.Fatal(err)
 	}
-	e, err := Open(p, Options{Threads: 2})
+	e, err := engine.Open(p, engine.Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +37,7 @@ func TestGenerateStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	var streamed strings.Builder
-	ref, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, OnText: func(x string) error { streamed.WriteString(x); return nil }})
+	ref, err := s.Generate(ctx, prompt, engine.GenOptions{MaxTokens: 12, IgnoreEOS: true, OnText: func(x string) error { streamed.WriteString(x); return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestGenerateStops(t *testing.T) {
 	}
 	// The same prompt again reuses all but its last token from the cache
 	// and, greedy, produces the same tokens.
-	again, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true})
+	again, err := s.Generate(ctx, prompt, engine.GenOptions{MaxTokens: 12, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestGenerateStops(t *testing.T) {
 	if runes := []rune(ref.Text); len(runes) >= 6 {
 		stop := string(runes[3:5])
 		cut := strings.Index(ref.Text, stop)
-		st, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}})
+		st, err := s.Generate(ctx, prompt, engine.GenOptions{MaxTokens: 12, IgnoreEOS: true, Stop: []string{stop}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +73,7 @@ func TestGenerateStops(t *testing.T) {
 	// An end-of-sequence token ends generation; its text is not emitted.
 	saved := e.EOS
 	e.EOS = []int32{int32(ref.IDs[3])}
-	eos, err := s.Generate(ctx, prompt, GenOptions{MaxTokens: 12})
+	eos, err := s.Generate(ctx, prompt, engine.GenOptions{MaxTokens: 12})
 	e.EOS = saved
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +87,7 @@ func TestGenerateStops(t *testing.T) {
 	}
 	// A full context ends generation with reason "context", not an error.
 	small, _ := e.NewSession(len(prompt) + 3)
-	full, err := small.Generate(ctx, prompt, GenOptions{IgnoreEOS: true})
+	full, err := small.Generate(ctx, prompt, engine.GenOptions{IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ func TestGenerateStops(t *testing.T) {
 	// A cancelled context stops with its error.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Generate(cctx, prompt, GenOptions{MaxTokens: 5}); err == nil {
+	if _, err := s.Generate(cctx, prompt, engine.GenOptions{MaxTokens: 5}); err == nil {
 		t.Fatal("cancelled generation succeeded")
 	}
 }
