@@ -91,37 +91,35 @@ func (g *Gram) Add(x []float32, rows int) error {
 	return nil
 }
 
-// addRange accumulates rows i ∈ [i0, i1) of the upper triangle, four input
-// rows at a time (each H row is loaded once per four).
+// addRange accumulates rows i ∈ [i0, i1) of the upper triangle. Each H
+// row takes every input row in turn while it stays in cache, four input
+// rows at a time; the inputs (rows·cols float32) are read once per H row
+// from the caches rather than H streamed from memory once per input row.
 func (g *Gram) addRange(x []float32, rows, i0, i1 int) {
 	c := g.cols
-	r := 0
-	for ; r+4 <= rows; r += 4 {
-		x0, x1, x2, x3 := x[r*c:(r+1)*c], x[(r+1)*c:(r+2)*c], x[(r+2)*c:(r+3)*c], x[(r+3)*c:(r+4)*c]
-		for i := i0; i < i1; i++ {
-			a0, a1, a2, a3 := float64(x0[i]), float64(x1[i]), float64(x2[i]), float64(x3[i])
+	for i := i0; i < i1; i++ {
+		hi := g.h[i*c+i : (i+1)*c]
+		n := len(hi)
+		r := 0
+		for ; r+4 <= rows; r += 4 {
+			b := x[r*c : (r+4)*c]
+			a0, a1, a2, a3 := float64(b[i]), float64(b[c+i]), float64(b[2*c+i]), float64(b[3*c+i])
 			if a0 == 0 && a1 == 0 && a2 == 0 && a3 == 0 {
 				continue
 			}
-			hi := g.h[i*c+i : (i+1)*c]
-			y0, y1, y2, y3 := x0[i:c], x1[i:c], x2[i:c], x3[i:c]
-			y1, y2, y3 = y1[:len(hi)], y2[:len(hi)], y3[:len(hi)]
-			y0 = y0[:len(hi)]
+			y0, y1, y2, y3 := b[i:i+n], b[c+i:c+i+n], b[2*c+i:2*c+i+n], b[3*c+i:3*c+i+n]
+			y0, y1, y2, y3 = y0[:len(hi)], y1[:len(hi)], y2[:len(hi)], y3[:len(hi)]
 			for j := range hi {
 				hi[j] += a0*float64(y0[j]) + a1*float64(y1[j]) + a2*float64(y2[j]) + a3*float64(y3[j])
 			}
 		}
-	}
-	for ; r < rows; r++ {
-		xr := x[r*c : (r+1)*c]
-		for i := i0; i < i1; i++ {
+		for ; r < rows; r++ {
+			xr := x[r*c : (r+1)*c]
 			a := float64(xr[i])
 			if a == 0 {
 				continue
 			}
-			hi := g.h[i*c+i : (i+1)*c]
-			y := xr[i:c]
-			y = y[:len(hi)]
+			y := xr[i : i+n]
 			for j := range hi {
 				hi[j] += a * float64(y[j])
 			}
@@ -263,106 +261,170 @@ func (q *GPTQ) EncodeRows(dst []byte, w []float32, rows, cols, r0 int) error {
 			return fmt.Errorf("quant: q4tp: weight %g at row %d, column %d is beyond the format's range (|w| < 2^100)", v, r0+i/cols, i%cols)
 		}
 	}
-	e := newQ4TPEncoder(cols)
-	e.cw = q.cw
-	rw := make([]float64, cols)
-	for k := range n {
-		row := w[k*cols : (k+1)*cols]
-		ah, bh := e.encodeRow(row)
-		q.row(e, rw, row, ah, bh)
-		if q.refine > 0 {
-			q.refineRow(e, rw, row)
+	// Rows go through in blocks: each row of U (and of H) is then read
+	// once per block rather than once per row, which keeps the encoder off
+	// the memory bus. Rows stay independent: a row's arithmetic is the
+	// same whatever block it is in.
+	b := min(n, gptqBlock)
+	blk := &gptqBlockState{b: b, rw: make([]float64, cols*b), d: make([]float64, b), enc: make([]*q4tpEncoder, b)}
+	for i := range blk.enc {
+		blk.enc[i] = newQ4TPEncoder(cols)
+		blk.enc[i].cw = q.cw
+	}
+	for k0 := 0; k0 < n; k0 += b {
+		k1 := min(n, k0+b)
+		m := k1 - k0
+		for k := range m {
+			e := blk.enc[k]
+			row := w[(k0+k)*cols : (k0+k+1)*cols]
+			ah, bh := e.encodeRow(row)
+			q4tpLadder(&e.lad, ah, bh)
+			blk.ah[k], blk.bh[k] = ah, bh
+			for j, v := range row {
+				blk.rw[j*b+k] = float64(v)
+			}
 		}
-		q4tpPutRow(dst, rows, cols, r0+k, e.q, e.code, ah, bh)
+		q.rows(blk, m)
+		if q.refine > 0 {
+			q.refineRows(blk, w[k0*cols:k1*cols], m)
+		}
+		for k := range m {
+			e := blk.enc[k]
+			q4tpPutRow(dst, rows, cols, r0+k0+k, e.q, e.code, blk.ah[k], blk.bh[k])
+		}
 	}
 	return nil
 }
 
-// row requantizes one row with error feedback on the ladder (ah, bh),
-// leaving nibbles in e.q and codes in e.code. rw is scratch.
-func (q *GPTQ) row(e *q4tpEncoder, rw []float64, row []float32, ah, bh uint16) {
-	n, u := q.cols, q.u
-	q4tpLadder(&e.lad, ah, bh)
-	for i, v := range row {
-		rw[i] = float64(v)
-	}
+// gptqBlock is the number of rows encoded together.
+const gptqBlock = 8
+
+// gptqBlockState is the scratch of a block of rows: one encoder per row
+// (its ladder in lad, nibbles in q, codes in code), and the rows' working
+// values interleaved column-major (rw[j·b + k] is column j of row k).
+type gptqBlockState struct {
+	b      int
+	enc    []*q4tpEncoder
+	ah, bh [gptqBlock]uint16
+	rw     []float64
+	d      []float64
+}
+
+// rows requantizes the first m rows of the block with error feedback,
+// leaving nibbles and codes in their encoders.
+func (q *GPTQ) rows(s *gptqBlockState, m int) {
+	n, u, b := q.cols, q.u, s.b
 	for g := range n / GroupSize {
 		j0 := g * GroupSize
-		// The group's rung for its weights as the updates left them, each
+		// Each row's rung for the group as the updates left it, each
 		// column's error weighted by its conditional curvature 1/U[j,j]².
-		k, best := 0, math.Inf(1)
-		for c := range q4tpRungs {
-			s := e.lad[c]
-			inv := 1 / s
-			var err float64
-			for i := range GroupSize {
-				v := float32(rw[j0+i])
-				x := min(max(float32(v*inv), -8), 7)
-				d := float64(v - float32((float32(int32(x+8.5))-8)*s))
-				ujj := u[(j0+i)*n+j0+i]
-				err += d * d / (ujj * ujj)
+		for k := range m {
+			e := s.enc[k]
+			kb, best := 0, math.Inf(1)
+			for c := range q4tpRungs {
+				sc := e.lad[c]
+				inv := 1 / sc
+				var err float64
+				for i := range GroupSize {
+					v := float32(s.rw[(j0+i)*b+k])
+					x := min(max(float32(v*inv), -8), 7)
+					d := float64(v - float32((float32(int32(x+8.5))-8)*sc))
+					ujj := u[(j0+i)*n+j0+i]
+					err += d * d / (ujj * ujj)
+				}
+				if err < best {
+					kb, best = c, err
+				}
 			}
-			if err < best {
-				k, best = c, err
-			}
+			e.code[g] = uint8(kb)
 		}
-		e.code[g] = uint8(k)
-		s := float64(e.lad[k])
 		for i := range GroupSize {
 			j := j0 + i
-			x := min(max(float32(float32(rw[j])/float32(s)), -8), 7)
-			qv := int32(x+8.5) - 8
-			e.q[j] = int8(qv)
-			d := (rw[j] - float64(qv)*s) / u[j*n+j]
+			ujj := u[j*n+j]
+			for k := range m {
+				e := s.enc[k]
+				sc := float64(e.lad[e.code[g]])
+				v := s.rw[j*b+k]
+				x := min(max(float32(float32(v)/float32(sc)), -8), 7)
+				qv := int32(x+8.5) - 8
+				e.q[j] = int8(qv)
+				s.d[k] = (v - float64(qv)*sc) / ujj
+			}
+			d := s.d[:m]
 			uj := u[j*n+j+1 : (j+1)*n]
-			rest := rw[j+1 : n]
-			for t := range uj {
-				rest[t] -= d * uj[t]
+			rest := s.rw[(j+1)*b:]
+			for t, ut := range uj {
+				r := rest[t*b : t*b+m]
+				for k, dk := range d {
+					r[k] -= dk * ut
+				}
 			}
 		}
 	}
 }
 
-// refineRow lowers f(ŵ) = (w−ŵ)ᵀH(w−ŵ) for one encoded row (nibbles e.q,
-// codes e.code, ladder e.lad) by coordinate descent: a nibble moves by ±1
-// when that lowers f. With r = H(w−ŵ), moving ŵ[j] by δ changes f by
-// −2δ·r[j] + δ²·H[j,j]. gr is scratch of cols values.
-func (q *GPTQ) refineRow(e *q4tpEncoder, gr []float64, row []float32) {
-	n, h := q.cols, q.h
-	err := make([]float64, n)
+// refineRows lowers f(ŵ) = (w−ŵ)ᵀH(w−ŵ) for each of the first m rows of
+// the block (w holds their original values) by coordinate descent: a
+// nibble moves by ±1 when that lowers f. With r = H(w−ŵ), moving ŵ[j] by
+// δ changes f by −2δ·r[j] + δ²·H[j,j]; r then loses δ·H[j,:]. The r of the
+// block's rows are interleaved like rw (whose space they reuse).
+func (q *GPTQ) refineRows(s *gptqBlockState, w []float32, m int) {
+	n, h, b := q.cols, q.h, s.b
+	errs := s.rw // the working values are no longer needed: reuse for w−ŵ
 	for j := range n {
-		err[j] = float64(row[j]) - float64(e.q[j])*float64(e.lad[e.code[j/GroupSize]])
-	}
-	for i := range n {
-		var s float64
-		for j, hij := range h[i*n : (i+1)*n] {
-			s += hij * err[j]
+		for k := range m {
+			e := s.enc[k]
+			errs[j*b+k] = float64(w[k*n+j]) - float64(e.q[j])*float64(e.lad[e.code[j/GroupSize]])
 		}
-		gr[i] = s
 	}
+	gr := make([]float64, n*b)
+	acc := s.d[:m]
+	for i := range n {
+		clear(acc)
+		for j, hij := range h[i*n : (i+1)*n] {
+			ej := errs[j*b : j*b+m]
+			for k, v := range ej {
+				acc[k] += hij * v
+			}
+		}
+		copy(gr[i*b:i*b+m], acc)
+	}
+	var delta [gptqBlock]float64
 	for range q.refine {
 		moved := false
 		for j := range n {
-			sc := float64(e.lad[e.code[j/GroupSize]])
 			hjj := h[j*n+j]
-			best, bd := 0.0, 0
-			for _, d := range [2]int{-1, 1} {
-				if v := int(e.q[j]) + d; v < -8 || v > 7 {
-					continue
+			any := false
+			for k := range m {
+				e := s.enc[k]
+				sc := float64(e.lad[e.code[j/GroupSize]])
+				best, bd := 0.0, 0
+				for _, d := range [2]int{-1, 1} {
+					if v := int(e.q[j]) + d; v < -8 || v > 7 {
+						continue
+					}
+					dl := float64(d) * sc
+					if df := -2*dl*gr[j*b+k] + dl*dl*hjj; df < best {
+						best, bd = df, d
+					}
 				}
-				delta := float64(d) * sc
-				if df := -2*delta*gr[j] + delta*delta*hjj; df < best {
-					best, bd = df, d
+				delta[k] = 0
+				if bd != 0 {
+					e.q[j] += int8(bd)
+					delta[k] = float64(bd) * sc
+					any = true
 				}
 			}
-			if bd == 0 {
+			if !any {
 				continue
 			}
 			moved = true
-			e.q[j] += int8(bd)
-			delta := float64(bd) * sc
+			dl := delta[:m]
 			for i, hji := range h[j*n : (j+1)*n] {
-				gr[i] -= delta * hji
+				g := gr[i*b : i*b+m]
+				for k, v := range dl {
+					g[k] -= v * hji
+				}
 			}
 		}
 		if !moved {

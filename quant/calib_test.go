@@ -387,7 +387,7 @@ func TestNewGPTQRejects(t *testing.T) {
 }
 
 func BenchmarkGramAdd(b *testing.B) {
-	const rows, cols = 64, 1024
+	const rows, cols = 64, 3072
 	x, _ := unevenInputs(rand.New(rand.NewPCG(25, 25)), rows, cols)
 	g := NewGram(cols)
 	b.SetBytes(int64(4 * rows * cols))
