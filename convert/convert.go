@@ -65,6 +65,9 @@ type srcTensor struct {
 	raw func() (b []byte, d quant.DType, ok bool)
 	// load decodes the tensor to float32 into dst (len = elements).
 	load func(dst []float32) error
+	// check, when set, reports early (before the output is created) that
+	// load would fail, e.g. an unsupported source dtype.
+	check func() error
 	// loadRows, when set, decodes rows [r0, r1) alone, so the tensor can
 	// be encoded in chunks.
 	loadRows func(r0, r1 int, dst []float32) error

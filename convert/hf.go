@@ -121,6 +121,11 @@ func FromHF(ctx context.Context, dir, out string, opt Options) (*Result, error) 
 		if !slices.Equal(s.shape, w.Shape) {
 			return nil, fmt.Errorf("convert: %s: tensor %s has shape %v, %s config implies %v", dir, w.Name, s.shape, arch.ArchName, w.Shape)
 		}
+		if s.check != nil {
+			if err := s.check(); err != nil { // fail before writing anything
+				return nil, fmt.Errorf("convert: %s: %w", dir, err)
+			}
+		}
 		used[w.Name] = true
 		ts = append(ts, s)
 	}
@@ -179,6 +184,12 @@ func stTensor(st *safetensors.File, info safetensors.Info, cn string) srcTensor 
 	name := info.Name
 	qd, decodable := stDTypes[info.DType]
 	return srcTensor{
+		check: func() error {
+			if !decodable {
+				return fmt.Errorf("tensor %s has dtype %s; only F32, F16 and BF16 checkpoints are supported", name, info.DType)
+			}
+			return nil
+		},
 		name: cn, shape: info.Shape, inBytes: info.Size,
 		raw: func() ([]byte, quant.DType, bool) {
 			if !decodable {

@@ -371,3 +371,38 @@ func TestConvertInterrupted(t *testing.T) {
 		t.Fatalf("cancelled conversion left %v", ents)
 	}
 }
+
+// TestConvertUnsupportedDTypeFailsEarly: a tensor stored in a dtype the
+// converter cannot decode is reported before any output is written.
+func TestConvertUnsupportedDTypeFailsEarly(t *testing.T) {
+	dir := t.TempDir()
+	cfg := tinyConfig("llama")
+	b, _ := json.Marshal(cfg)
+	hf := filepath.Join(dir, "hf")
+	os.MkdirAll(hf, 0o755)
+	os.WriteFile(filepath.Join(hf, "config.json"), b, 0o644)
+	var top hfConfig
+	json.Unmarshal(b, &top)
+	arch, _ := archFromHF(top, nil)
+	want, _ := model.Tensors(&arch)
+	var wts []safetensors.WriteTensor
+	for i, w := range want {
+		n := 1
+		for _, d := range w.Shape {
+			n *= d
+		}
+		dt, es := safetensors.F32, 4
+		if i == len(want)-1 {
+			dt, es = safetensors.DType("I32"), 4 // the last tensor: failure must not wait for it
+		}
+		wts = append(wts, safetensors.WriteTensor{Name: w.Name, DType: dt, Shape: w.Shape, Data: make([]byte, n*es)})
+	}
+	if err := safetensors.Write(filepath.Join(hf, "model.safetensors"), wts, nil); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	_, err := FromHF(context.Background(), hf, filepath.Join(dir, "m.cmf"), Options{Quant: quant.F32, Progress: func(int64, int64) { calls++ }})
+	if err == nil || !strings.Contains(err.Error(), "I32") || calls != 0 {
+		t.Fatalf("error %v after %d tensors written", err, calls)
+	}
+}
