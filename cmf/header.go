@@ -267,6 +267,9 @@ func (a *Arch) Validate() error {
 	if a.PartialRotaryFactor < 0 || a.PartialRotaryFactor > 1 {
 		return bad("partial_rotary_factor %g outside [0,1]", a.PartialRotaryFactor)
 	}
+	if m := a.MoE; m != nil && int64(a.NumLayers)*int64(3*m.NumExperts+32) > maxTensors {
+		return bad("%d layers of %d experts exceed %d tensors", a.NumLayers, m.NumExperts, maxTensors)
+	}
 	if m := a.MoE; m != nil {
 		if m.NumExperts <= 0 || m.NumExperts > 1<<16 || m.NumExpertsPerTok <= 0 || m.NumExpertsPerTok > m.NumExperts || m.MoEIntermediateSize < 0 || m.MoEIntermediateSize > 1<<24 || m.SharedExpertIntermediateSize < 0 || m.SharedExpertIntermediateSize > 1<<24 {
 			return bad("moe: %d experts, %d per token", m.NumExperts, m.NumExpertsPerTok)
