@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -85,8 +86,24 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					msgs = msgs[:len(msgs)-1]
 					continue
 				}
-				res, err := s.Generate(cmd.Context(), prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
+				// Ctrl-C while the reply streams stops the reply, not the chat.
+				turn, stopTurn := context.WithCancel(cmd.Context())
+				hook := func() bool { stopTurn(); return true }
+				interruptHook.Store(&hook)
+				res, err := s.Generate(turn, prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
 					OnText: func(t string) error { _, err := fmt.Fprint(out, t); return err }})
+				interruptHook.Store(nil)
+				interrupted := turn.Err() != nil && cmd.Context().Err() == nil
+				stopTurn()
+				if interrupted {
+					fmt.Fprintln(errOut, "\n[interrupted]")
+					if res != nil && res.Text != "" {
+						msgs = append(msgs, chat.Message{Role: "assistant", Content: res.Text})
+					} else {
+						msgs = msgs[:len(msgs)-1]
+					}
+					continue
+				}
 				if err != nil {
 					return err
 				}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -16,17 +17,36 @@ import (
 var version = "0.1.0-dev"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	go func() {
-		// The first Ctrl-C cancels the work (partial files are removed);
-		// once it has, a second one kills the process the default way.
-		<-ctx.Done()
-		stop()
-	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go handleSignals(sigs, cancel, func() { signal.Stop(sigs) })
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "cortiq:", err)
 		os.Exit(exitCode(err))
+	}
+}
+
+// interruptHook, when set, gets Ctrl-C first: a command that can stop a
+// part of its work (chat stops the reply being generated) returns true and
+// the process goes on.
+var interruptHook atomic.Pointer[func() bool]
+
+// handleSignals cancels the root context on SIGTERM or on a Ctrl-C that no
+// hook took, then stops catching signals, so a second Ctrl-C kills the
+// process the default way while the first one's cleanup (removing partial
+// files) runs.
+func handleSignals(sigs <-chan os.Signal, cancel func(), stopCatching func()) {
+	for s := range sigs {
+		if s == os.Interrupt {
+			if h := interruptHook.Load(); h != nil && (*h)() {
+				continue
+			}
+		}
+		cancel()
+		stopCatching()
+		return
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cortiq/cortiq/cmf"
@@ -113,5 +114,31 @@ func writeFile(t *testing.T, p, s string) {
 	t.Helper()
 	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestHandleSignals(t *testing.T) {
+	// A Ctrl-C taken by the hook does not cancel; SIGTERM does, and then
+	// signals stop being caught.
+	sigs := make(chan os.Signal, 3)
+	cancelled, stopped, hooked := false, false, 0
+	h := func() bool { hooked++; return true }
+	interruptHook.Store(&h)
+	defer interruptHook.Store(nil)
+	sigs <- os.Interrupt
+	sigs <- syscall.SIGTERM
+	close(sigs)
+	handleSignals(sigs, func() { cancelled = true }, func() { stopped = true })
+	if hooked != 1 || !cancelled || !stopped {
+		t.Fatalf("hooked %d, cancelled %v, stopped %v", hooked, cancelled, stopped)
+	}
+	// Without a hook, Ctrl-C cancels.
+	interruptHook.Store(nil)
+	sigs = make(chan os.Signal, 1)
+	sigs <- os.Interrupt
+	cancelled = false
+	handleSignals(sigs, func() { cancelled = true }, func() {})
+	if !cancelled {
+		t.Fatal("Ctrl-C without a hook did not cancel")
 	}
 }
