@@ -66,7 +66,7 @@ type Arch struct {
 
 // RopeScaling is rope_scaling / rope_parameters of a Hugging Face config.
 type RopeScaling struct {
-	Type                          string    `json:"type"` // linear, dynamic, yarn, llama3, longrope, default
+	Type                          string    `json:"type"` // linear, dynamic, yarn, llama3, longrope, freq_factors, default
 	Factor                        float64   `json:"factor,omitempty"`
 	OriginalMaxPositionEmbeddings int       `json:"original_max_position_embeddings,omitempty"`
 	LowFreqFactor                 float64   `json:"low_freq_factor,omitempty"`
@@ -79,6 +79,7 @@ type RopeScaling struct {
 	Truncate                      *bool     `json:"truncate,omitempty"`
 	LongFactor                    []float64 `json:"long_factor,omitempty"`
 	ShortFactor                   []float64 `json:"short_factor,omitempty"`
+	FreqFactors                   []float64 `json:"freq_factors,omitempty"` // type freq_factors: per-pair divisors of the inverse frequencies (GGUF rope_freqs)
 	MRopeSection                  []int     `json:"mrope_section,omitempty"`
 	MRopeInterleaved              bool      `json:"mrope_interleaved,omitempty"`
 }
@@ -235,7 +236,7 @@ func (a *Arch) Validate() error {
 		}
 	}
 	if r := a.RopeScaling; r != nil {
-		for _, v := range []float64{r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.BetaFast, r.BetaSlow, r.AttentionFactor, r.MScale, r.MScaleAllDim} {
+		for _, v := range append([]float64{r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.BetaFast, r.BetaSlow, r.AttentionFactor, r.MScale, r.MScaleAllDim}, r.FreqFactors...) {
 			if math.IsNaN(v) || math.IsInf(v, 0) {
 				return bad("rope_scaling has a non-finite value")
 			}

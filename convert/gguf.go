@@ -314,10 +314,19 @@ func archFromGGUF(f *gguf.File, ga, name string) (cmf.Arch, error) {
 			}
 		}
 	}
-	if _, ok := f.Tensor("rope_freqs.weight"); ok {
-		// Llama-3.1-style GGUFs store llama3 frequency factors as a tensor
-		// without the parameters that made them.
-		return a, fmt.Errorf("rope_freqs.weight (llama3 RoPE scaling stored as factors) is not supported yet: convert from the Hugging Face checkpoint")
+	if ti, ok := f.Tensor("rope_freqs.weight"); ok {
+		// Llama-3.1-style GGUFs store llama3 scaling as the per-pair
+		// divisors of the inverse frequencies, without the parameters that
+		// made them: carry the divisors themselves.
+		ff, err := f.Float32("rope_freqs.weight")
+		if err != nil || len(ff) == 0 || len(ff) > 1<<15 {
+			return a, fmt.Errorf("rope_freqs.weight (%v): unreadable: %v", ti.Shape(), err)
+		}
+		rs := &cmf.RopeScaling{Type: "freq_factors"}
+		for _, v := range ff {
+			rs.FreqFactors = append(rs.FreqFactors, float64(v))
+		}
+		a.RopeScaling = rs
 	}
 	for l := 0; l < a.NumLayers; l++ {
 		a.LayerTypes = append(a.LayerTypes, "full_attention")

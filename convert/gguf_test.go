@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -336,4 +337,90 @@ func abs32(x float32) float32 {
 		return -x
 	}
 	return x
+}
+
+// TestGGUFRopeFreqs: Llama-3.x GGUF files carry llama3 RoPE scaling as a
+// rope_freqs tensor of per-pair divisors (computed by llama.cpp's
+// converter). Imported as rope scaling "freq_factors", the model must
+// compute the same logits as the Hugging Face checkpoint with llama3 scaling.
+func TestGGUFRopeFreqs(t *testing.T) {
+	dir := t.TempDir()
+	cfg := tinyConfig("llama")
+	cfg["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+	hfDir := filepath.Join(dir, "hf")
+	vals := writeHF(t, hfDir, cfg, safetensors.F32, false, false)
+	var top hfConfig
+	b, _ := json.Marshal(cfg)
+	json.Unmarshal(b, &top)
+	arch, err := archFromHF(top, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// llama.cpp's generate_extra_tensors for LlamaModel, in float64.
+	hd := arch.HeadDim
+	factors := make([]float32, hd/2)
+	bands := 0
+	for i := range factors {
+		freq := 1 / math.Pow(arch.RopeTheta, float64(2*i)/float64(hd))
+		wave := 2 * math.Pi / freq
+		switch lo, hi := 64/1.0, 64/4.0; {
+		case wave < hi:
+			factors[i] = 1
+		case wave > lo:
+			factors[i] = 8
+		default:
+			s := (64/wave - 1) / (4 - 1)
+			factors[i] = float32(1 / ((1-s)/8 + s))
+			bands++
+		}
+	}
+	if bands == 0 {
+		t.Fatal("test setup: no frequency inside the smoothing band")
+	}
+	gp := filepath.Join(dir, "m.gguf")
+	writeGGUF(t, gp, "llama", arch, vals, gguf.TypeF32, func(w *gguf.Writer) {
+		if err := w.AddTensor("rope_freqs.weight", gguf.TypeF32, []int{len(factors)}, factors); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ho, gO := filepath.Join(dir, "hf.cmf"), filepath.Join(dir, "gguf.cmf")
+	if _, err := FromHF(context.Background(), hfDir, ho, Options{Quant: quant.F32}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FromGGUF(context.Background(), gp, gO, Options{Quant: quant.F32}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int, 48)
+	for i := range ids {
+		ids[i] = (i*7 + 3) % arch.VocabSize
+	}
+	logits := func(p string) ([]float32, string) {
+		e, err := engine.Open(p, engine.Options{Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		s, _ := e.NewSession(64)
+		l, _, err := s.Prefill(ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), l...), e.File.Header.Arch.RopeScaling.Type
+	}
+	want, wt := logits(ho)
+	got, gt := logits(gO)
+	if wt != "llama3" || gt != "freq_factors" {
+		t.Fatalf("rope scaling types %q / %q", wt, gt)
+	}
+	var ss, worst float64
+	for _, v := range want {
+		ss += float64(v) * float64(v)
+	}
+	rms := math.Sqrt(ss / float64(len(want)))
+	for i := range want {
+		worst = max(worst, math.Abs(float64(got[i]-want[i]))/rms)
+	}
+	if worst > 1e-5 {
+		t.Fatalf("GGUF (rope_freqs) logits differ from HF (llama3) by %.2e of RMS", worst)
+	}
 }

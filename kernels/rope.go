@@ -24,6 +24,9 @@ type RopeConfig struct {
 	MScale         float64 // yarn
 	MScaleAllDim   float64 // yarn
 	Truncate       *bool   // yarn: round the correction range (nil: true)
+	// FreqFactors ("freq_factors"): per rotated pair, the divisor of its
+	// inverse frequency, as GGUF files store llama3 scaling (rope_freqs).
+	FreqFactors []float64
 }
 
 // Rope holds the inverse frequencies of a rotary embedding, computed once
@@ -74,10 +77,19 @@ func NewRope(c RopeConfig) (*Rope, error) {
 		if c.OriginalMaxPos <= 0 || c.HighFreqFactor == c.LowFreqFactor || c.LowFreqFactor <= 0 {
 			return nil, fmt.Errorf("kernels: rope: llama3 scaling needs original_max_position_embeddings and distinct positive low/high_freq_factor (got %d, %g, %g)", c.OriginalMaxPos, c.LowFreqFactor, c.HighFreqFactor)
 		}
+	case "freq_factors":
+		if len(c.FreqFactors) != d/2 {
+			return nil, fmt.Errorf("kernels: rope: %d frequency factors for %d rotated pairs", len(c.FreqFactors), d/2)
+		}
+		for _, f := range c.FreqFactors {
+			if !(f > 0) || math.IsInf(f, 0) {
+				return nil, fmt.Errorf("kernels: rope: frequency factor %g is not a positive number", f)
+			}
+		}
 	default:
-		return nil, fmt.Errorf("kernels: rope scaling type %q is not supported on CPU (default, linear, dynamic, yarn, llama3)", c.Type)
+		return nil, fmt.Errorf("kernels: rope scaling type %q is not supported on CPU (default, linear, dynamic, yarn, llama3, freq_factors)", c.Type)
 	}
-	if c.Type != "" && c.Type != "default" && !(c.Factor > 0) {
+	if c.Type != "" && c.Type != "default" && c.Type != "freq_factors" && !(c.Factor > 0) {
 		return nil, fmt.Errorf("kernels: rope: %s scaling needs a positive factor, got %g", c.Type, c.Factor)
 	}
 	r.invFreq = make([]float32, d/2)
@@ -127,6 +139,10 @@ func (r *Rope) compute(inv []float32, seqLen int) float32 {
 		}
 	case "llama3":
 		llama3Freqs(inv, c)
+	case "freq_factors":
+		for i, f := range c.FreqFactors {
+			inv[i] /= float32(f)
+		}
 	}
 	return 1
 }

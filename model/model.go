@@ -133,6 +133,7 @@ func ropeConfig(a *cmf.Arch) kernels.RopeConfig {
 		c.LowFreqFactor, c.HighFreqFactor = s.LowFreqFactor, s.HighFreqFactor
 		c.BetaFast, c.BetaSlow, c.AttnFactor = s.BetaFast, s.BetaSlow, s.AttentionFactor
 		c.MScale, c.MScaleAllDim, c.Truncate = s.MScale, s.MScaleAllDim, s.Truncate
+		c.FreqFactors = s.FreqFactors
 	}
 	return c
 }
