@@ -293,3 +293,27 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 	}
 	return res, nil
 }
+
+// Step appends tokens[i] to sessions[i] and runs them through the model
+// in one batched step (each weight read once for all sequences), returning
+// the logits of each session's last new position (valid until that
+// session's next step). Sessions must be distinct and of this engine.
+func (e *Engine) Step(sessions []*Session, tokens [][]int) ([][]float32, error) {
+	caches := make([]*model.Cache, len(sessions))
+	for i, s := range sessions {
+		if s.e != e {
+			return nil, fmt.Errorf("engine: session %d belongs to another engine", i)
+		}
+		caches[i] = s.cache
+	}
+	logits, err := e.Model.ForwardMulti(caches, tokens)
+	// Keep each session's ids equal to what its cache holds.
+	for i, s := range sessions {
+		if n := s.cache.Len(); n == len(s.ids)+len(tokens[i]) {
+			s.ids = append(s.ids, tokens[i]...)
+		} else {
+			s.ids = s.ids[:min(n, len(s.ids))]
+		}
+	}
+	return logits, err
+}

@@ -371,3 +371,41 @@ func (a *attnTask) Run(lo, hi, worker int) {
 		}
 	}
 }
+
+// ForwardMulti runs one step for several sequences at once: tokens[i] are
+// appended to caches[i] at its current length, and the logits of each
+// sequence's last new position are returned (logits[i] is caches[i]'s own
+// buffer, valid until its next Forward). Decode steps of many sequences (one
+// token each) and prefill chunks mix freely; the caches must be distinct
+// and belong to m. On error no cache has advanced past its state before
+// the call, except that caches earlier in the list may have been filled.
+func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, error) {
+	if len(caches) != len(tokens) {
+		return nil, fmt.Errorf("model: %d caches but %d token lists", len(caches), len(tokens))
+	}
+	seen := make(map[*Cache]bool, len(caches))
+	for i, c := range caches {
+		if seen[c] {
+			return nil, fmt.Errorf("model: cache %d appears twice in one step", i)
+		}
+		seen[c] = true
+		if c.m != m {
+			return nil, fmt.Errorf("model: cache %d belongs to another model", i)
+		}
+		if len(tokens[i]) == 0 {
+			return nil, fmt.Errorf("model: sequence %d has no tokens", i)
+		}
+		if c.n+len(tokens[i]) > c.ctx {
+			return nil, fmt.Errorf("model: sequence %d: %d tokens at position %d exceed the context of %d tokens", i, len(tokens[i]), c.n, c.ctx)
+		}
+	}
+	out := make([][]float32, len(caches))
+	for i, c := range caches {
+		l, err := m.Forward(c, tokens[i], c.n, LastLogits)
+		if err != nil {
+			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
+		}
+		out[i] = l
+	}
+	return out, nil
+}
