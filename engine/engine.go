@@ -21,8 +21,11 @@ type Options struct {
 	Threads int // CPU workers (0: all cores)
 	Batch   int // prefill positions per step (0: model default)
 	// Device runs the model; nil starts a CPU device of Threads workers,
-	// which Close stops. A device given here is the caller's to close.
-	Device backend.Device
+	// which Close stops. A device given here is the caller's to close,
+	// unless OwnDevice hands it to the engine (closed by Close, also when
+	// Open fails).
+	Device    backend.Device
+	OwnDevice bool
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -41,9 +44,12 @@ type Engine struct {
 func Open(path string, opt Options) (*Engine, error) {
 	f, err := cmf.Open(path)
 	if err != nil {
+		if opt.OwnDevice && opt.Device != nil {
+			opt.Device.Close()
+		}
 		return nil, err
 	}
-	dev, own := opt.Device, false
+	dev, own := opt.Device, opt.OwnDevice
 	if dev == nil {
 		dev, own = cpu.New(opt.Threads), true
 	}
