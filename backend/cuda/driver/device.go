@@ -227,13 +227,30 @@ func (d *Device) Do(f func(c *Ctx) error) error {
 	}
 	var err error
 	done := make(chan struct{})
-	d.work <- func() {
+	fn := func() {
 		defer close(done)
 		defer func() { d.ctx.active = false }()
 		d.ctx.active = true
 		err = f(&d.ctx)
 	}
-	<-done
+	select {
+	case d.work <- fn:
+	case <-d.stopped:
+		d.closed = true
+		return ErrClosed
+	}
+	select {
+	case <-done:
+	case <-d.stopped:
+	}
+	select {
+	case <-d.stopped:
+		// f ended the thread (runtime.Goexit, e.g. t.Fatal inside a
+		// closure): the context is gone with it.
+		d.closed = true
+		return fmt.Errorf("cuda: the device thread exited inside Do (do not call runtime.Goexit or t.Fatal there): %w", ErrClosed)
+	default:
+	}
 	return err
 }
 
@@ -264,6 +281,16 @@ func (d *Device) stop() {
 	}
 	d.mu.Unlock()
 	<-d.stopped
+}
+
+// threadAlive reports whether the device thread still runs.
+func (d *Device) threadAlive() bool {
+	select {
+	case <-d.stopped:
+		return false
+	default:
+		return true
+	}
 }
 
 // Poisoned returns the sticky error that killed the context, or nil.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"unsafe"
@@ -210,3 +211,26 @@ func TestHostBufChecks(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { os.Exit(m.Run()) }
+
+// A closure that ends the device thread (t.Fatal inside Do would) makes Do
+// fail instead of hanging, and the device refuses later calls.
+func TestDoSurvivesGoexit(t *testing.T) {
+	d := &Device{lib: &lib{fn: map[string]uintptr{}}, work: make(chan func()), stopped: make(chan struct{})}
+	d.ctx.d = d
+	ready := make(chan error, 1)
+	go d.loop(ready)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	ran := false
+	if err := d.Do(func(c *Ctx) error { ran = c.active; return nil }); err != nil || !ran {
+		t.Fatalf("Do: %v, active %v", err, ran)
+	}
+	err := d.Do(func(*Ctx) error { runtime.Goexit(); return nil })
+	if !errors.Is(err, ErrClosed) || d.threadAlive() {
+		t.Fatalf("Do after Goexit: %v (thread alive %v)", err, d.threadAlive())
+	}
+	if err := d.Do(func(*Ctx) error { return nil }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Do on a dead device: %v", err)
+	}
+}

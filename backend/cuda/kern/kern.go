@@ -16,12 +16,29 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"slices"
 	"strings"
 )
 
 //go:embed build
 var buildFS embed.FS
+
+// BuildDirEnv names an environment variable that, when set, points at a
+// folder written by scripts/build-cuda to use instead of the embedded build
+// (how scripts/gpu-check tests a build made on the GPU machine with test
+// binaries compiled elsewhere).
+const BuildDirEnv = "CORTIQ_CUDA_BUILD_DIR"
+
+// build returns the build in use: the folder named by BuildDirEnv, or the
+// embedded one.
+func build() (fs.FS, string) {
+	if dir := os.Getenv(BuildDirEnv); dir != "" {
+		return os.DirFS(dir), dir
+	}
+	sub, _ := fs.Sub(buildFS, "build")
+	return sub, "embedded"
+}
 
 // Manifest describes the embedded build (build/manifest.json).
 type Manifest struct {
@@ -60,11 +77,12 @@ func (m *Manifest) Kernel(name string) (Kernel, bool) {
 	return m.Kernels[i], true
 }
 
-// ReadManifest parses the embedded manifest.
+// ReadManifest parses the manifest of the build in use.
 func ReadManifest() (*Manifest, error) {
-	b, err := buildFS.ReadFile("build/manifest.json")
+	fsys, where := build()
+	b, err := fs.ReadFile(fsys, "manifest.json")
 	if err != nil {
-		return nil, fmt.Errorf("kern: %w", err)
+		return nil, fmt.Errorf("kern: %s build: %w", where, err)
 	}
 	return ParseManifest(b)
 }
@@ -96,9 +114,10 @@ func artifact(pick func(*Manifest) Artifact) ([]byte, error) {
 		return nil, fmt.Errorf("kern: no CUDA build is embedded (run scripts/build-cuda where nvcc is)")
 	}
 	a := pick(m)
-	raw, err := buildFS.ReadFile("build/" + a.File)
+	fsys, where := build()
+	raw, err := fs.ReadFile(fsys, a.File)
 	if err != nil {
-		return nil, fmt.Errorf("kern: %w", err)
+		return nil, fmt.Errorf("kern: %s build: %w", where, err)
 	}
 	b := raw
 	if strings.HasSuffix(a.File, ".gz") {

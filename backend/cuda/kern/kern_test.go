@@ -233,3 +233,37 @@ func TestParseManifest(t *testing.T) {
 		t.Fatalf("no-build manifest: %v %v", m, err)
 	}
 }
+
+// BuildDirEnv swaps in a build folder; a folder whose artifact does not
+// match its manifest's hash is refused.
+func TestBuildDirOverride(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil || !m.Built() {
+		t.Skip("no embedded build to copy")
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"manifest.json", m.Cubin.File, m.PTX.File} {
+		b, err := buildFS.ReadFile("build/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == m.PTX.File {
+			b = bytes.Clone(b)
+			b[len(b)/2] ^= 0xff // corrupt the PTX only
+		}
+		if err := os.WriteFile(dir+"/"+f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(BuildDirEnv, dir)
+	if _, err := Cubin(); err != nil {
+		t.Fatalf("cubin from the folder: %v", err)
+	}
+	if _, err := PTX(); err == nil {
+		t.Fatal("a corrupted PTX was accepted")
+	}
+	t.Setenv(BuildDirEnv, t.TempDir())
+	if _, err := ReadManifest(); err == nil {
+		t.Fatal("an empty build folder was accepted")
+	}
+}
