@@ -192,6 +192,14 @@ type Observable interface {
 	SetObserver(o Observer)
 }
 
+// Planner is a device that checks, before any weight is loaded, that a
+// model fits: weightBytes of weights, the state of its sequences (spec),
+// and step scratch for rows of at most widest floats. The error names the
+// numbers. model.Load calls it when the device has it.
+type Planner interface {
+	Plan(weightBytes int64, spec SeqSpec, widest int) error
+}
+
 // ErrNoDevice says that a requested device is not present or cannot be
 // used; the wrapped error says why.
 var ErrNoDevice = errors.New("backend: no such device")

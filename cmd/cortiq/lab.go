@@ -34,7 +34,7 @@ head compares with production ("bitwise" or the worst |Δ|/rms; over its toleran
 			}
 			if d.kind != "cpu" {
 				// The CUDA variants come with the CUDA backend.
-				if _, err := openCUDA(d.index, threads); err != nil {
+				if _, err := openCUDA(d.index, deviceSize{seqs: 1, ctx: 1}); err != nil {
 					return fmt.Errorf("lab: --device %s: %w", device, err)
 				}
 			}
