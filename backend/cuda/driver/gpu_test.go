@@ -250,6 +250,9 @@ func TestGPUGraphReplay(t *testing.T) {
 		c.HtoD(dx, f32bytes(x))
 		c.MemsetD32(ye, 0, n)
 		c.MemsetD32(yg, 0, n)
+		if err := c.Synchronize(); err != nil { // legacy-stream setup before work on s
+			return err
+		}
 		var a driver.Args
 		step := func(y driver.DevicePtr) error { // y += x three times, then y = norm(y)
 			for k := range 3 {
@@ -409,6 +412,9 @@ func TestGPUGraphExecUpdate(t *testing.T) {
 			return err
 		}
 		c.MemsetD32(y, 0, n)
+		if err := c.Synchronize(); err != nil { // legacy-stream setup before work on s
+			return err
+		}
 		if err := c.GraphLaunch(e, s); err != nil {
 			return err
 		}

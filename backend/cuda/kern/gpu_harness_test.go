@@ -78,7 +78,12 @@ func (g *gpu) upload(b []byte) driver.DevicePtr {
 			return err
 		}
 		g.ptrs = append(g.ptrs, p)
-		return c.HtoD(p, b)
+		if err := c.HtoD(p, b); err != nil {
+			return err
+		}
+		// A copy from pageable memory may still be in flight when HtoD
+		// returns, and work on non-blocking streams does not wait for it.
+		return c.Synchronize()
 	})
 	return p
 }
@@ -116,7 +121,12 @@ func (g *gpu) readI32(p driver.DevicePtr, n int) []int32 {
 
 func (g *gpu) write(p driver.DevicePtr, b []byte) {
 	g.t.Helper()
-	g.do(func(c *driver.Ctx) error { return c.HtoD(p, b) })
+	g.do(func(c *driver.Ctx) error {
+		if err := c.HtoD(p, b); err != nil {
+			return err
+		}
+		return c.Synchronize() // see upload
+	})
 }
 
 // launch runs one kernel and waits for it.

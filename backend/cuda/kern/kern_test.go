@@ -132,6 +132,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		if f == "q82f" {
 			continue
 		}
+		want["gemm_"+f] = []int{8, 4, 4, 8, 4, 8, 4, 4, 8, 4}
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
 		}
