@@ -157,6 +157,10 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
 
+// Close returns the session's state to the device; the session must not
+// be used after.
+func (s *Session) Close() { s.cache.Close() }
+
 // Reset empties the session.
 func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }
 

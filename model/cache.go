@@ -39,6 +39,15 @@ func (m *Model) NewCache(ctxLen int) (*Cache, error) {
 	return c, nil
 }
 
+// Close returns the cache's state to the device (a GPU's K/V slot); the
+// cache must not be used after.
+func (c *Cache) Close() {
+	if c.seq != nil {
+		backend.Release(c.m.dev, c.seq)
+		c.seq = nil
+	}
+}
+
 // Bytes returns the memory of the cache's state.
 func (c *Cache) Bytes() int64 { return c.seq.Bytes() }
 

@@ -55,7 +55,7 @@ type deviceSize struct {
 // openCUDA opens CUDA device index. It returns an error wrapping
 // backend.ErrNoDevice with the reason when no usable GPU is there.
 var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
-	return cuda.Open(cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows})
+	return cuda.Open(cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows, Graphs: true})
 }
 
 // openDevice opens the device spec names. auto falls back to the CPU and
