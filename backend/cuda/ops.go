@@ -286,8 +286,9 @@ func b2i(b bool) int {
 	return 0
 }
 
-// mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows, in
-// launches of at most 8 rows (the kernels' batch).
+// mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows: the
+// batched matvec up to 8 rows (each weight read once for all rows), the
+// tensor-core GEMM above (prefill chunks).
 func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy int, bias driver.DevicePtr, accumulate bool, rows int) {
 	f, err := kernelFormat(m.dt)
 	if err != nil {
@@ -300,6 +301,12 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.a().Ptr(m.p).I64(m.colOff).Int(m.cols).Ptr(x).Int(ldx).Ptr(xs).Int(m.cols)
 		st.launch("q82f_prescale", driver.D2((m.cols+255)/256, rows), driver.D1(256), 0)
 		x, ldx = xs, m.cols
+	}
+	if rows > 8 {
+		// Prefill: tensor-core GEMM over the stored weights.
+		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
+		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
+		return
 	}
 	for r0 := 0; r0 < rows; r0 += 8 {
 		R := min(8, rows-r0)
