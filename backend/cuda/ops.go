@@ -288,7 +288,7 @@ func b2i(b bool) int {
 
 // mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows: the
 // batched matvec up to 8 rows (each weight read once for all rows), the
-// tensor-core GEMM above (prefill chunks).
+// tensor-core GEMM above that for quantized weights (prefill chunks).
 func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy int, bias driver.DevicePtr, accumulate bool, rows int) {
 	f, err := kernelFormat(m.dt)
 	if err != nil {
@@ -302,8 +302,10 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.launch("q82f_prescale", driver.D2((m.cols+255)/256, rows), driver.D1(256), 0)
 		x, ldx = xs, m.cols
 	}
-	if rows > 8 {
-		// Prefill: tensor-core GEMM over the stored weights.
+	if rows > 8 && m.dt != quant.F32 && m.dt != quant.F16 && m.dt != quant.BF16 {
+		// Prefill over quantized weights: the tensor-core GEMM (bf16
+		// activations, exact int8 weights, f32 accumulation: within the
+		// formats' own error). Float weights keep the exact f32 matvec.
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
 		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
 		return
