@@ -40,6 +40,19 @@ func (m *Model) CacheBytes(ctxLen int) int64 {
 	return 2 * int64(c.layers) * int64(c.kvHeads) * int64(ctxLen) * int64(c.headDim) * 4
 }
 
+// SessionBytes returns what NewCache(ctxLen) allocates: the key/value
+// cache, the run state of one prefill step (min(Batch, ctxLen)
+// positions), the attention scores of every worker and the logits row.
+// Callers compare it with the memory available before allocating.
+func (m *Model) SessionBytes(ctxLen int) int64 {
+	c := &m.cfg
+	B := int64(min(m.batch, ctxLen))
+	qd, kvd, h2 := int64(c.heads*c.headDim), int64(c.kvHeads*c.headDim), int64(m.rope.Dim()/2)
+	state := B*(3*int64(c.dim)+2*qd+2*kvd+2*int64(c.hidden)+2*h2) + h2
+	scores := int64(m.pool.Workers()) * int64(ctxLen)
+	return m.CacheBytes(ctxLen) + 4*(state+scores+int64(c.vocab))
+}
+
 // NewCache allocates the key/value cache for ctxLen positions and the run
 // state. A context longer than max_position_embeddings is allowed (the
 // caller decides); Forward refuses prompts longer than ctxLen.

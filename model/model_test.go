@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -507,5 +508,28 @@ func TestLoadRejects(t *testing.T) {
 				t.Fatalf("error %q does not contain %q", err, c.want)
 			}
 		})
+	}
+}
+
+// TestSessionBytesMatchesAllocation checks that SessionBytes, which the
+// command line compares with the memory available before allocating,
+// counts what NewCache allocates (within 2%: slice headers and the
+// Cache struct and the allocator's size-class rounding are not counted).
+func TestSessionBytesMatchesAllocation(t *testing.T) {
+	for _, c := range []struct{ batch, ctx int }{{4, 3000}, {64, 500}, {16, 10000}} {
+		m, _ := tinyModel(t, variants[9], quant.F32, model.LoadOptions{Threads: 2, Batch: c.batch})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		cache, err := m.NewCache(c.ctx)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, want := float64(after.TotalAlloc-before.TotalAlloc), float64(m.SessionBytes(c.ctx))
+		if math.Abs(got-want) > 0.02*want {
+			t.Errorf("batch %d ctx %d: NewCache allocated %.0f bytes, SessionBytes says %.0f", c.batch, c.ctx, got, want)
+		}
+		runtime.KeepAlive(cache)
 	}
 }
