@@ -11,6 +11,7 @@ import (
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/units"
 )
 
 // Config selects the tests of a run.
@@ -194,8 +195,8 @@ func (r *Report) Markdown(w io.Writer) {
 		if x.BandwidthPct > 0 {
 			pct = fmt.Sprintf("%.0f%%", x.BandwidthPct)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.2f GB | %.2f B | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
-			x.Model, x.Arch, x.Quant, float64(x.SizeBytes)/1e9, float64(x.Params)/1e9, x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
+			x.Model, x.Arch, x.Quant, units.Bytes(x.SizeBytes), units.Count(x.Params), x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
 	}
 	if r.ReadBandwidth > 0 {
 		fmt.Fprintf(w, "\nread bandwidth probed at the start: %.1f GB/s with %d threads; each tg row is compared with the best probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidth/1e9, r.Threads)

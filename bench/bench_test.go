@@ -2,13 +2,18 @@ package bench
 
 import (
 	"context"
+	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/engine"
+	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/synth"
+	"github.com/cortiq/cortiq/units"
 )
 
 func TestBenchTinyModel(t *testing.T) {
@@ -33,10 +38,32 @@ func TestBenchTinyModel(t *testing.T) {
 	if len(res) != 2 || res[0].Test != "pp16" || res[1].Test != "tg8" || len(res[1].Samples) != 2 {
 		t.Fatalf("results %+v", res)
 	}
-	for _, r := range res {
-		if !(r.TokPerSec > 0) {
-			t.Fatalf("%s: %v tok/s", r.Test, r.TokPerSec)
+	// Each figure against a reference: the mean and SD of the samples
+	// computed here, and the same work timed here (the best of 3 runs):
+	// bench's best sample must be within a factor of 4 of it (best against
+	// best, so that a busy machine does not matter; a wrong token count or
+	// unit is off by far more).
+	ref := timeWork(t, e, 16, 8)
+	for i, r := range res {
+		var sum, ss float64
+		for _, v := range r.Samples {
+			sum += v
 		}
+		mean := sum / float64(len(r.Samples))
+		for _, v := range r.Samples {
+			ss += (v - mean) * (v - mean)
+		}
+		sd := math.Sqrt(ss / float64(len(r.Samples)-1))
+		if math.Abs(r.TokPerSec-mean) > 1e-9*mean || math.Abs(r.TokPerSecSD-sd) > 1e-9*mean+1e-12 {
+			t.Errorf("%s: %v ± %v tok/s, samples %v give %v ± %v", r.Test, r.TokPerSec, r.TokPerSecSD, r.Samples, mean, sd)
+		}
+		if best := slices.Max(r.Samples); best < ref[i]/4 || best > ref[i]*4 {
+			t.Errorf("%s: best sample %.1f tok/s, the same work timed here %.1f tok/s", r.Test, best, ref[i])
+		}
+	}
+	if tg := res[1]; math.Abs(tg.GBPerSec-float64(tg.BytesPerTok)*tg.TokPerSec/1e9) > 1e-9*tg.GBPerSec ||
+		math.Abs(tg.BandwidthPct-100*tg.GBPerSec*1e9/bw) > 1e-9*tg.BandwidthPct || tg.ReadBandwidth != bw {
+		t.Errorf("tg: %v GB/s, %v%% of %v B/s for %d bytes at %v tok/s", tg.GBPerSec, tg.BandwidthPct, tg.ReadBandwidth, tg.BytesPerTok, tg.TokPerSec)
 	}
 	// Decode reads every matrix but the untied embedding, of which one row.
 	var want int64
@@ -54,7 +81,9 @@ func TestBenchTinyModel(t *testing.T) {
 	}
 	var sb strings.Builder
 	(&Report{ReadBandwidth: bw, Threads: 2, Results: res}).Markdown(&sb)
-	if !strings.Contains(sb.String(), "| tg8 |") || !strings.Contains(sb.String(), "read bandwidth") {
+	// Sizes in units that show a tiny model (not "0.00 GB | 0.00 B").
+	if !strings.Contains(sb.String(), "| tg8 |") || !strings.Contains(sb.String(), "read bandwidth") ||
+		!strings.Contains(sb.String(), " | "+units.Count(res[0].Params)+" | ") || !strings.Contains(sb.String(), " | "+units.Bytes(res[0].SizeBytes)+" | ") {
 		t.Fatalf("table:\n%s", sb.String())
 	}
 }
@@ -67,4 +96,43 @@ func TestSumWideMatchesScalar(t *testing.T) {
 	if s, ok := sumWide(b); ok && s != sumWords(b) {
 		t.Fatalf("wide sum %d, scalar %d", s, sumWords(b))
 	}
+}
+
+// timeWork times a prefill of prompt tokens and a decode of gen tokens the
+// plain way (best of 3) and returns their tok/s.
+func timeWork(t *testing.T, e *engine.Engine, prompt, gen int) [2]float64 {
+	t.Helper()
+	s, err := e.NewSession(max(prompt, gen+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int, max(prompt, gen+1))
+	for i := range ids {
+		ids[i] = (i*31 + 5) % e.File.Header.Arch.VocabSize
+	}
+	var best [2]time.Duration
+	for range 3 {
+		s.Reset()
+		t0 := time.Now()
+		if _, err := e.Model.Forward(s.Cache(), ids[:prompt], 0, model.NoLogits); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); best[0] == 0 || d < best[0] {
+			best[0] = d
+		}
+		s.Reset()
+		if _, err := e.Model.Forward(s.Cache(), ids[:1], 0, model.LastLogits); err != nil {
+			t.Fatal(err)
+		}
+		t0 = time.Now()
+		for k := 1; k <= gen; k++ {
+			if _, err := e.Model.Forward(s.Cache(), ids[k:k+1], k, model.LastLogits); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := time.Since(t0); best[1] == 0 || d < best[1] {
+			best[1] = d
+		}
+	}
+	return [2]float64{float64(prompt) / best[0].Seconds(), float64(gen) / best[1].Seconds()}
 }

@@ -499,3 +499,29 @@ func BenchmarkMatMul(b *testing.B) {
 		})
 	}
 }
+
+// TestSetISA switches kernel sets by name and refuses unknown ones.
+func TestSetISA(t *testing.T) {
+	best := ISA()
+	sets := ISAs()
+	if sets[0] != "generic" || sets[len(sets)-1] != best {
+		t.Fatalf("ISAs() = %v with %s in use", sets, best)
+	}
+	for _, s := range sets {
+		prev, err := SetISA(s)
+		if err != nil || ISA() != s {
+			t.Fatalf("SetISA(%s): %v, ISA() = %s", s, err, ISA())
+		}
+		if _, err := SetISA(prev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := SetISA("neon"); err == nil || ISA() != best {
+		t.Fatalf("SetISA(neon): %v, ISA() = %s", err, ISA())
+	}
+	if best != "avx512" {
+		if _, err := SetISA("avx512"); err == nil {
+			t.Fatal("SetISA(avx512) on a CPU without it succeeded")
+		}
+	}
+}
