@@ -67,6 +67,7 @@ func absDot(c quant.Codec, m *Mat, r int, x []float32) float64 {
 // TestRowKernelsMatchReference compares every format's fast row dot (and
 // dot4 and decode) with the codec's plain DotRow/DecodeRow.
 func TestRowKernelsMatchReference(t *testing.T) {
+	skipMissingISAs(t)
 	for _, l := range isaLevels() {
 		withISA(t, l, func() { testRowKernels(t, l) })
 	}
