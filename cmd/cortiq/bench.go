@@ -47,6 +47,10 @@ func newBench() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if err := checkMemory(max(p, n+1, 16), e.Model.SessionBytes, noExtra, "bench: a context"); err != nil {
+					e.Close()
+					return err
+				}
 				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads}
 				if !noProbe {
 					cfg.Probe = func() float64 { return prober.Measure(2) }

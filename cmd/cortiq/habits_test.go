@@ -126,6 +126,14 @@ func TestContextRefusedBeforeAllocating(t *testing.T) {
 			t.Errorf("%v: %v", args, err)
 		}
 	}
+	// A larger prefill batch needs more: refused at the same context.
+	if _, _, err := cliIO(t, nil, "run", p, "--ids", "1,2,3", "-n", "2", "--ctx", "1000", "--batch", "1000", "--threads", "2"); err == nil || !strings.Contains(err.Error(), "--batch") {
+		t.Errorf("--ctx 1000 --batch 1000: %v", err)
+	}
+	// bench checks its context (-p prompt tokens) too.
+	if _, _, err := cliIO(t, nil, "bench", p, "-p", "131072", "-n", "0", "--no-probe", "--threads", "2"); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Errorf("bench -p 131072: %v", err)
+	}
 	// The limit itself fits.
 	if _, _, err := cliIO(t, nil, "run", p, "--ids", "1,2,3", "-n", "2", "--ctx", "1000", "--threads", "2"); err != nil {
 		t.Fatalf("--ctx 1000: %v", err)
@@ -186,6 +194,10 @@ func TestModelFlag(t *testing.T) {
 		if err1 != nil || err2 != nil || a != b || a == "" {
 			t.Errorf("%s: %v %v\n%q\n%q", args[0], err1, err2, a, b)
 		}
+	}
+	// bench takes several models: -m adds one before the arguments.
+	if out, _, err := cliIO(t, nil, "bench", "-m", p, p, "-p", "8", "-n", "2", "-r", "1", "--no-probe", "--threads", "1"); err != nil || strings.Count(out, "| "+p+" |") != 4 {
+		t.Errorf("bench -m: %v\n%s", err, out)
 	}
 	if _, _, err := cliIO(t, nil, "inspect"); err == nil || !strings.Contains(err.Error(), "-m/--model") {
 		t.Errorf("inspect without a model: %v", err)

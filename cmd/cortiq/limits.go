@@ -88,7 +88,7 @@ func checkMemory(ctx int, need func(ctx int) int64, extra func(ctx int) int64, w
 		return fmt.Errorf("%s of %d tokens needs %s; only %s of memory is available (MemAvailable), not enough for even one token",
 			what, ctx, units.Bytes(total(ctx)), units.Bytes(avail))
 	}
-	return fmt.Errorf("%s of %d tokens needs %s (KV cache and buffers); %s of memory is available (MemAvailable): at most %d tokens fit; lower --ctx",
+	return fmt.Errorf("%s of %d tokens needs %s (KV cache and buffers); %s of memory is available (MemAvailable): at most %d tokens fit; lower --ctx (or --batch)",
 		what, ctx, units.Bytes(total(ctx)), units.Bytes(avail), lo)
 }
 
