@@ -195,7 +195,11 @@ func TestTrainedModelFormats(t *testing.T) {
 	for _, c := range []struct {
 		q            string
 		top1, pplRel float64 // minimum top-1 agreement, maximum perplexity increase
-	}{{"f32", 1, 1e-4}, {"bf16", 1, 1e-4}, {"q8_row", 0.95, 0.01}, {"q8_2f", 0.95, 0.01}, {"sim-q8_0", 0, 1}, {"sim-q4_0", 0, 1}, {"q4tp", 0, 0}, {"q4tp-calib", 0, 0}} {
+	}{
+		// Perplexity against transformers, measured over the kernel sets
+		// (-args -isa=generic|avx2|avx512): f32 and bf16 within 4.7e-8,
+		// q8_row +1.4e-3..+2.1e-3, q8_2f −4.2e-4..+2.0e-4; allowed 3×.
+		{"f32", 1, 1.5e-7}, {"bf16", 1, 1.5e-7}, {"q8_row", 0.95, 6e-3}, {"q8_2f", 0.95, 6e-3}, {"sim-q8_0", 0, 1}, {"sim-q4_0", 0, 1}, {"q4tp", 0, 0}, {"q4tp-calib", 0, 0}} {
 		t.Run(c.q, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "m.cmf")
 			src, q := trainedDir, c.q
@@ -227,7 +231,7 @@ func TestTrainedModelFormats(t *testing.T) {
 				}
 			}
 			sc := ev.score(t, e)
-			t.Logf("%-10s %s (transformers %.4f)", c.q, sc, ref.Perplexity.PPL)
+			t.Logf("%-10s %s (transformers %.4f, relative %+.2e)", c.q, sc, ref.Perplexity.PPL, sc.rel)
 			switch c.q {
 			case "sim-q4_0":
 				q40 = sc
