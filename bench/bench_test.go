@@ -31,18 +31,18 @@ func TestBenchTinyModel(t *testing.T) {
 	if bw < 1e8 || bw > 1e13 {
 		t.Fatalf("read bandwidth %.3g B/s is implausible", bw)
 	}
-	res, err := Run(context.Background(), p, e, Config{Prompt: 16, Gen: 8, Reps: 2, Threads: 2, Probe: func() float64 { return bw }}, 0)
+	res, err := Run(context.Background(), p, e, Config{Prompt: 16, Gen: 8, Reps: 5, Threads: 2, Probe: func() float64 { return bw }}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 2 || res[0].Test != "pp16" || res[1].Test != "tg8" || len(res[1].Samples) != 2 {
+	if len(res) != 2 || res[0].Test != "pp16" || res[1].Test != "tg8" || len(res[1].Samples) != 5 {
 		t.Fatalf("results %+v", res)
 	}
 	// Each figure against a reference: the mean and SD of the samples
-	// computed here, and the same work timed here (the best of 3 runs):
-	// bench's best sample must be within a factor of 4 of it (best against
-	// best, so that a busy machine does not matter; a wrong token count or
-	// unit is off by far more).
+	// computed here, and the same work timed here (the best of 20 runs):
+	// bench's best sample must be within a factor of 10 of it (best against
+	// best, so that a busy machine matters little; a wrong unit or a
+	// per-run instead of per-token rate is off by far more).
 	ref := timeWork(t, e, 16, 8)
 	for i, r := range res {
 		var sum, ss float64
@@ -57,7 +57,7 @@ func TestBenchTinyModel(t *testing.T) {
 		if math.Abs(r.TokPerSec-mean) > 1e-9*mean || math.Abs(r.TokPerSecSD-sd) > 1e-9*mean+1e-12 {
 			t.Errorf("%s: %v ± %v tok/s, samples %v give %v ± %v", r.Test, r.TokPerSec, r.TokPerSecSD, r.Samples, mean, sd)
 		}
-		if best := slices.Max(r.Samples); best < ref[i]/4 || best > ref[i]*4 {
+		if best := slices.Max(r.Samples); best < ref[i]/10 || best > ref[i]*10 {
 			t.Errorf("%s: best sample %.1f tok/s, the same work timed here %.1f tok/s", r.Test, best, ref[i])
 		}
 	}
@@ -109,7 +109,7 @@ func TestSumWideMatchesScalar(t *testing.T) {
 }
 
 // timeWork times a prefill of prompt tokens and a decode of gen tokens the
-// plain way (best of 3) and returns their tok/s.
+// plain way (best of 20) and returns their tok/s.
 func timeWork(t *testing.T, e *engine.Engine, prompt, gen int) [2]float64 {
 	t.Helper()
 	s, err := e.NewSession(max(prompt, gen+1))
@@ -121,7 +121,7 @@ func timeWork(t *testing.T, e *engine.Engine, prompt, gen int) [2]float64 {
 		ids[i] = (i*31 + 5) % e.File.Header.Arch.VocabSize
 	}
 	var best [2]time.Duration
-	for range 3 {
+	for range 20 {
 		s.Reset()
 		t0 := time.Now()
 		if _, err := e.Model.Forward(s.Cache(), ids[:prompt], 0, model.NoLogits); err != nil {
