@@ -19,7 +19,9 @@ import (
 )
 
 // Func receives the work done so far and the total, in bytes or items.
-// Calls come from one goroutine at a time; done == total ends the report.
+// Calls come from one goroutine at a time; done == total ends the report,
+// and a later call with done < total starts a new one (the next pass of
+// work that runs in passes, such as calibration).
 type Func func(done, total int64)
 
 // Delay is how long work runs before anything is shown.
@@ -66,11 +68,18 @@ func newReporter(w io.Writer, what, noun string, terminal bool, now func() time.
 func (r *reporter) report(done, total int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.finished || total <= 0 {
+	if total <= 0 {
 		return
 	}
 	done = min(max(done, 0), total)
 	t := r.now()
+	if r.finished {
+		if done == total {
+			return
+		}
+		// A new pass: a new report.
+		r.start, r.last, r.bar, r.finished = t, time.Time{}, nil, false
+	}
 	end := done == total
 	if end {
 		r.finished = true

@@ -58,6 +58,20 @@ func TestPlainLines(t *testing.T) {
 	if buf.String() != out {
 		t.Fatal("a call after the end printed")
 	}
+	// A new pass (done < total again) is a new report: quiet for its
+	// first second, then lines again.
+	c.t = c.t.Add(100 * time.Millisecond)
+	f(0, total)
+	c.t = c.t.Add(500 * time.Millisecond)
+	f(total/4, total)
+	if buf.String() != out {
+		t.Fatalf("the first half second of a new pass printed %q", strings.TrimPrefix(buf.String(), out))
+	}
+	c.t = c.t.Add(time.Second)
+	f(total/2, total)
+	if got := strings.TrimPrefix(buf.String(), out); got != "converting: 50% (1.50 GB of 3.00 GB), 2s elapsed, about 2s left\n" {
+		t.Fatalf("second pass printed %q", got)
+	}
 }
 
 func TestCountLines(t *testing.T) {
