@@ -96,7 +96,8 @@ func (f *sampleFlags) params() sample.Params {
 	} else {
 		p.Seed = uint64(f.seed)
 	}
-	slog.Debug("sampling", "seed", p.Seed, "temperature", p.Temperature, "top_k", p.TopK, "top_p", p.TopP, "min_p", p.MinP)
+	f32 := func(x float32) string { return strconv.FormatFloat(float64(x), 'g', -1, 32) }
+	slog.Debug("sampling", "seed", p.Seed, "temperature", f32(p.Temperature), "top_k", p.TopK, "top_p", f32(p.TopP), "min_p", f32(p.MinP))
 	return p
 }
 
