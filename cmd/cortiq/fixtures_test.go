@@ -61,6 +61,15 @@ func loadCases(t *testing.T, dir string) []fixtureCase {
 	return out
 }
 
+// fixtureTolerance is the largest prefill logit error allowed against
+// transformers per fixture, as a fraction of the logits' RMS: 3× the
+// largest figure measured over the kernel sets (the same figures as
+// model.TestFixturesMatchTransformers: 2.2e-6, 2.6e-6, 1.7e-6, 4.2e-6 and
+// 2.5e-6 in this order).
+var fixtureTolerance = map[string]float64{
+	"llama_f32": 7e-6, "llama_bf16_tied": 8e-6, "qwen2_f32": 5e-6, "qwen3_f32": 1.3e-5, "qwen3_bf16": 8e-6,
+}
+
 // TestFixturesEndToEnd converts each dense reference fixture with the CLI
 // and checks, against Hugging Face transformers' outputs: the chat template
 // render, tokenization, the prefill logits of every position (cortiq logits)
@@ -136,8 +145,8 @@ func TestFixturesEndToEnd(t *testing.T) {
 					}
 				}
 				t.Logf("%s: max |Δlogit|/rms = %.2e over %d×%d", c.Name, worst, len(lg.Logits), V)
-				if worst > 1e-4 {
-					t.Fatalf("%s: prefill logits differ from transformers by %.2e of their RMS", c.Name, worst)
+				if tol := fixtureTolerance[name]; worst > tol {
+					t.Fatalf("%s: prefill logits differ from transformers by %.2e of their RMS (tolerance %g)", c.Name, worst, tol)
 				}
 				// Greedy continuation with the KV cache.
 				out, err = cli(t, "run", cmfPath, "--ids", idArg, "-n", fmt.Sprint(len(c.GreedyIDs)), "--temperature", "0", "--ignore-eos", "--json")
