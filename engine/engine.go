@@ -76,7 +76,11 @@ func (e *Engine) Close() {
 // HasTemplate reports whether the model carries a usable chat template.
 func (e *Engine) HasTemplate() bool { return e.tmpl != nil }
 
-// RenderChat renders messages with the model's chat template.
+// RenderChat renders messages with the model's chat template. Unless the
+// caller sets opt.Limits.MaxBytes (chat.BytesPerToken × the context it
+// will use), the output is bounded by chat.BytesPerToken × the model's
+// trained context; a template stopped by a limit returns an error matching
+// chat.ErrLimit that names the template.
 func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
 	if e.tmpl == nil {
 		return "", errors.New("engine: the model has no chat template")
@@ -89,7 +93,16 @@ func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, erro
 			opt.EOSToken = tc.EOSToken
 		}
 	}
-	return e.tmpl.Render(msgs, opt)
+	if opt.Limits.MaxBytes <= 0 {
+		if mp := e.File.Header.Arch.MaxPositionEmbeddings; mp > 0 {
+			opt.Limits.MaxBytes = chat.BytesPerToken * max(mp, 4096)
+		}
+	}
+	out, err := e.tmpl.Render(msgs, opt)
+	if err != nil {
+		return "", fmt.Errorf("engine: the model's chat template: %w", err)
+	}
+	return out, nil
 }
 
 // Encode tokenizes text; special tokens written in the text are parsed

@@ -128,7 +128,7 @@ given token ids are the whole prompt. --json prints {"ids":[generated ids],"text
 						msgs = append(msgs, chat.Message{Role: "system", Content: system})
 					}
 					msgs = append(msgs, chat.Message{Role: "user", Content: text})
-					opt := chat.Options{AddGenerationPrompt: true}
+					opt := chat.Options{AddGenerationPrompt: true, Limits: chat.Limits{MaxBytes: chat.BytesPerToken * mf.ctxLen(e)}}
 					if noThink {
 						f := false
 						opt.EnableThinking = &f
