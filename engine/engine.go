@@ -18,6 +18,9 @@ import (
 type Options struct {
 	Threads int // CPU workers (0: all cores)
 	Batch   int // prefill positions per step (0: model default)
+	// NoVerify skips hashing the weights at open (see cmf.OpenOptions);
+	// by default they are verified once per file identity.
+	NoVerify bool
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -31,7 +34,7 @@ type Engine struct {
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
 func Open(path string, opt Options) (*Engine, error) {
-	f, err := cmf.Open(path)
+	f, err := cmf.OpenWith(path, cmf.OpenOptions{NoVerify: opt.NoVerify})
 	if err != nil {
 		return nil, err
 	}

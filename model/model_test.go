@@ -25,7 +25,17 @@ import (
 func TestMain(m *testing.M) {
 	// The converter warns about the missing tokenizer of the tiny models.
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
-	os.Exit(m.Run())
+	// Opening a CMF file records verified weights in the user cache
+	// directory: keep the tests out of the real one.
+	dir, err := os.MkdirTemp("", "cortiq-test-cache-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("XDG_CACHE_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // variant is a tiny Hugging Face config exercising one feature of the

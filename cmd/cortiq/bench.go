@@ -15,7 +15,7 @@ func init() { commands = append(commands, newBench) }
 
 func newBench() *cobra.Command {
 	var p, n, r, threads int
-	var asJSON, md, noProbe bool
+	var asJSON, md, noProbe, noVerify bool
 	var probeMB int
 	c := &cobra.Command{
 		Use:   "bench MODEL [MODEL...]",
@@ -38,7 +38,7 @@ func newBench() *cobra.Command {
 				rep.ReadBandwidth = prober.Measure(5)
 			}
 			for _, path := range args {
-				e, err := engine.Open(path, engine.Options{Threads: threads})
+				e, err := engine.Open(path, engine.Options{Threads: threads, NoVerify: noVerify})
 				if err != nil {
 					return err
 				}
@@ -72,5 +72,6 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&md, "md", true, "Markdown table output (default)")
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
 	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
+	addNoVerify(c, &noVerify)
 	return c
 }

@@ -58,3 +58,64 @@ func TestRunHostileTemplate(t *testing.T) {
 		t.Fatalf("run --ctx 64 with a 3000-byte template: %v", err)
 	}
 }
+
+// TestDamagedWeightsRefused: a flipped byte in a tensor's bytes makes every
+// command that opens the model fail, naming the tensor; --no-verify runs
+// it anyway; verify still names it.
+func TestDamagedWeightsRefused(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", t.TempDir())
+	p := convertFixture(t, "qwen3_f32", "f32")
+	m, err := openCMF(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tt, _ := m.Tensor("model.layers.0.mlp.down_proj.weight")
+	abs, _ := m.AbsOffset(tt)
+	m.Close()
+	// Verified before the damage: the cache must not vouch for the new
+	// bytes (rewriting the file gives it a new modification time).
+	if _, err := cli(t, "inspect", p); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[abs+tt.Size/2] ^= 1
+	time.Sleep(10 * time.Millisecond)
+	writeFile(t, p, string(b))
+	want := "tensor model.layers.0.mlp.down_proj.weight"
+	cmds := [][]string{
+		{"run", p, "--ids", "1,2", "-n", "1"},
+		{"logits", p, "--ids", "1,2", "--json"},
+		{"inspect", p},
+		{"tokenize", p},
+		{"perplexity", p, "--text", p},
+		{"bench", p, "-p", "4", "-n", "2", "-r", "1", "--no-probe"},
+	}
+	for _, args := range cmds {
+		if _, err := cli(t, args...); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "damaged") {
+			t.Errorf("%s on damaged weights: %v", args[0], err)
+		}
+	}
+	for _, args := range cmds[:3] {
+		if _, err := cli(t, append(args, "--no-verify")...); err != nil {
+			t.Errorf("%s --no-verify: %v", args[0], err)
+		}
+	}
+	if out, err := cli(t, "verify", p); err == nil || !strings.Contains(out, want) {
+		t.Errorf("verify: %v %s", err, out)
+	}
+}
+
+// TestDirectoryAsModel: a directory given as the model says what is wrong.
+func TestDirectoryAsModel(t *testing.T) {
+	_, err := cli(t, "run", t.TempDir(), "hi")
+	if err == nil || !strings.Contains(err.Error(), "is a directory, not a CMF model file") {
+		t.Fatalf("run DIR: %v", err)
+	}
+	_, err = cli(t, "inspect", filepath.Join("..", "..", "testdata", "models", "qwen3_f32"))
+	if err == nil || !strings.Contains(err.Error(), "cortiq convert") {
+		t.Fatalf("inspect HF-DIR: %v", err)
+	}
+}

@@ -16,13 +16,13 @@ import (
 func init() { commands = append(commands, newInspect) }
 
 func newInspect() *cobra.Command {
-	var asJSON bool
+	var asJSON, noVerify bool
 	c := &cobra.Command{
 		Use:   "inspect FILE",
 		Short: "Show a CMF file's header, architecture, tensors and sections",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := cmf.Open(args[0])
+			m, err := openCMF(args[0], noVerify)
 			if err != nil {
 				return err
 			}
@@ -38,6 +38,7 @@ func newInspect() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	addNoVerify(c, &noVerify)
 	return c
 }
 

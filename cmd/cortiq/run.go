@@ -19,19 +19,21 @@ func init() { commands = append(commands, newRun, newLogits, newTokenize) }
 // modelFlags are shared by the commands that load a model.
 type modelFlags struct {
 	threads, ctx, batch int
+	noVerify            bool
 }
 
 func (f *modelFlags) add(c *cobra.Command) {
 	c.Flags().IntVarP(&f.threads, "threads", "t", 0, "CPU threads (0: all cores)")
 	c.Flags().IntVar(&f.ctx, "ctx", 4096, "context length in tokens (KV cache size; capped at the model's trained context)")
 	c.Flags().IntVar(&f.batch, "batch", 0, "prefill positions per step (0: default)")
+	addNoVerify(c, &f.noVerify)
 }
 
 func (f *modelFlags) open(path string) (*engine.Engine, error) {
 	if f.ctx < 1 || f.threads < 0 || f.batch < 0 {
 		return nil, fmt.Errorf("--ctx must be ≥ 1 and --threads, --batch ≥ 0")
 	}
-	return engine.Open(path, engine.Options{Threads: f.threads, Batch: f.batch})
+	return engine.Open(path, engine.Options{Threads: f.threads, Batch: f.batch, NoVerify: f.noVerify})
 }
 
 func (f *modelFlags) ctxLen(e *engine.Engine) int {
@@ -224,13 +226,13 @@ func newLogits() *cobra.Command {
 }
 
 func newTokenize() *cobra.Command {
-	var asJSON, special bool
+	var asJSON, special, noVerify bool
 	c := &cobra.Command{
 		Use:   "tokenize MODEL --json < text",
 		Short: `Tokenize standard input: {"ids":[...]} (no BOS, no special-token parsing unless --special)`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := openCMF(args[0])
+			f, err := openCMF(args[0], noVerify)
 			if err != nil {
 				return err
 			}
@@ -259,5 +261,6 @@ func newTokenize() *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	c.Flags().BoolVar(&special, "special", false, "add BOS/EOS as the tokenizer does and parse special tokens in the text")
+	addNoVerify(c, &noVerify)
 	return c
 }
