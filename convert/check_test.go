@@ -185,7 +185,10 @@ func TestOutputIsDirectory(t *testing.T) {
 	out := t.TempDir()
 	for _, conv := range []func() error{
 		func() error { _, err := FromHF(context.Background(), src, out, Options{}); return err },
-		func() error { _, err := FromGGUF(context.Background(), filepath.Join(src, "none.gguf"), out, Options{}); return err },
+		func() error {
+			_, err := FromGGUF(context.Background(), filepath.Join(src, "none.gguf"), out, Options{})
+			return err
+		},
 		func() error { _, err := Run(context.Background(), src, out, Options{}); return err },
 	} {
 		err := conv()
@@ -209,8 +212,8 @@ func TestGGUFHeadCountRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
-		name string
-		edit func(w *gguf.Writer)
+		name  string
+		edit  func(w *gguf.Writer)
 		heads int
 		theta float64
 		want  string
