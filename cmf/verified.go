@@ -44,12 +44,14 @@ var dataHashes atomic.Int64
 // OpenWith with the zero OpenOptions.
 func Open(path string) (*Model, error) { return OpenWith(path, OpenOptions{}) }
 
-// OpenWith is Open with options. Each file's data section is hashed unless
-// opt.NoVerify or the cache records that a file with the same device,
-// inode, size and modification time and the same expected digest verified
-// before; a success is recorded (failing to record it is a warning). A
-// mismatch is an error matching ErrDamaged that names the file, the data
-// section and the tensors whose bytes differ.
+// OpenWith is Open with options. Each file's weights are checked (every
+// tensor against its directory hash, on all cores, and the padding, which
+// must be zero) unless opt.NoVerify or the cache records that a file with
+// the same device, inode, size and modification time and the same expected
+// data digest verified before; a success is recorded (failing to record it
+// is a warning). A mismatch is an error matching ErrDamaged that names the
+// file and the tensors whose bytes differ (or the data section, for
+// padding).
 func OpenWith(path string, opt OpenOptions) (*Model, error) {
 	m, err := openModel(path)
 	if err != nil || opt.NoVerify {
@@ -94,20 +96,12 @@ func (m *Model) verifyOnce(opt OpenOptions) error {
 		if opt.Progress != nil {
 			prog = func(d, _ int64) { opt.Progress(base+d, total) }
 		}
-		ok, err := m.sectionHash(ctx, i, prog)
+		probs, err := m.checkWeights(ctx, i, prog)
 		dataHashes.Add(1)
 		if err != nil {
 			return fmt.Errorf("cmf: verifying %s: %w", m.files[i].path, err)
 		}
-		if !ok {
-			// Name the damaged tensors: a second, per-tensor pass.
-			probs, err := m.verifyShard(ctx, i, nil)
-			if err != nil {
-				return fmt.Errorf("cmf: verifying %s: %w", m.files[i].path, err)
-			}
-			if len(probs) == 0 { // the file changed between the passes
-				probs = []Problem{{m.files[i].path, "data", "section hash mismatch"}}
-			}
+		if len(probs) > 0 {
 			return damaged(m.files[i].path, probs)
 		}
 		done += int64(m.files[i].pre.DataN)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cortiq/cortiq/quant"
 )
 
 // openCounting opens path with opt and returns the model and how many data
@@ -164,5 +166,33 @@ func TestOpenDirectory(t *testing.T) {
 	}
 	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "cortiq convert") {
 		t.Fatalf("Hugging Face directory: %v", err)
+	}
+}
+
+// BenchmarkOpenVerifyFirst is the first open of a 256 MiB file (the
+// weight check on all cores; the cache in a temporary directory is
+// cleared every iteration); BenchmarkVerify is the single-stream section
+// hash of `cortiq verify` for comparison.
+func BenchmarkOpenVerifyFirst(b *testing.B) {
+	p := filepath.Join(b.TempDir(), "m.cmf")
+	r := rand.New(rand.NewPCG(9, 9))
+	var ts []tdata
+	for i := range 16 {
+		d := make([]byte, 16<<20)
+		for j := 0; j < len(d); j += 8 {
+			d[j] = byte(r.Uint32())
+		}
+		ts = append(ts, tdata{TensorSpec{Name: "w" + itoa(i), DType: quant.U8, Shape: []int{len(d)}}, d})
+	}
+	write(b, p, testHeader(), ts, WriteOptions{})
+	cache := b.TempDir()
+	b.SetBytes(256 << 20)
+	for b.Loop() {
+		os.RemoveAll(cache)
+		m, err := OpenWith(p, OpenOptions{CacheDir: cache})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.Close()
 	}
 }

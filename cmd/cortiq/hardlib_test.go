@@ -119,3 +119,16 @@ func TestDirectoryAsModel(t *testing.T) {
 		t.Fatalf("inspect HF-DIR: %v", err)
 	}
 }
+
+// TestConvertOutputDirectory: -o naming an existing directory fails before
+// converting, and leaves nothing in it.
+func TestConvertOutputDirectory(t *testing.T) {
+	out := t.TempDir()
+	_, err := cli(t, "convert", filepath.Join("..", "..", "testdata", "models", "qwen3_f32"), "-o", out)
+	if err == nil || !strings.Contains(err.Error(), "is a directory; give a file name") {
+		t.Fatalf("convert -o DIR: %v", err)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Fatalf("convert left %d entries in the directory", len(ents))
+	}
+}
