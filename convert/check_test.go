@@ -2,14 +2,18 @@ package convert
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/gguf"
+	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/safetensors"
 )
@@ -229,6 +233,93 @@ func TestGGUFHeadCountRefused(t *testing.T) {
 			_, err := FromGGUF(context.Background(), p, filepath.Join(t.TempDir(), "m.cmf"), Options{})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestConvertExtremeWeights: a checkpoint tensor of finite values near
+// 3e38 converts to q8_2f (it panicked in FitColumns, issue 8) and is
+// refused, naming the tensor, by the formats that cannot hold it; a NaN is
+// refused by the quantized formats with the tensor, row and column.
+func TestConvertExtremeWeights(t *testing.T) {
+	const name = "model.layers.0.mlp.up_proj.weight"
+	for _, c := range []struct {
+		what  string
+		q     quant.DType
+		value float32
+		want  string // "" when it must convert
+	}{
+		{"near 3e38", quant.Q82F, 3e38, ""},
+		{"near 3e38", quant.Q4TP, 3e38, name + " as q4tp: quant: q4tp: weight"},
+		{"near 3e38", quant.Q8Row, 3e38, name + " as q8_row: quant: q8_row: row"},
+		{"NaN", quant.Q82F, float32(math.NaN()), name + " as q8_2f: quant: q8_2f: non-finite weight NaN at row"},
+		{"NaN", quant.Q4TP, float32(math.NaN()), name + " as q4tp: quant: q4tp: non-finite weight NaN at row"},
+	} {
+		t.Run(c.what+"/"+c.q.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			vals := writeHF(t, dir, tinyConfig("llama"), safetensors.F32, false, false)
+			v := vals[name]
+			for i := range v {
+				if math.IsNaN(float64(c.value)) {
+					if i == 7 {
+						v[i] = c.value
+					}
+					continue
+				}
+				v[i] = float32(math.Max(-math.MaxFloat32, math.Min(math.MaxFloat32, float64(v[i])/0.4*float64(c.value))))
+			}
+			var wts []safetensors.WriteTensor
+			var top hfConfig
+			b, _ := json.Marshal(tinyConfig("llama"))
+			json.Unmarshal(b, &top)
+			arch, _ := archFromHF(top, nil)
+			want, _ := model.Tensors(&arch)
+			for _, w := range want {
+				var d []byte
+				for _, f := range vals[w.Name] {
+					d = binary.LittleEndian.AppendUint32(d, math.Float32bits(f))
+				}
+				wts = append(wts, safetensors.WriteTensor{Name: w.Name, DType: safetensors.F32, Shape: w.Shape, Data: d})
+			}
+			if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), wts, nil); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "m.cmf")
+			_, err := FromHF(context.Background(), dir, out, Options{Quant: c.q})
+			if c.want != "" {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Fatalf("error %v, want %q", err, c.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := cmf.OpenWith(out, cmf.OpenOptions{NoVerify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			tt, data, err := m.TensorData(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.DType != c.q {
+				t.Fatalf("stored as %s", tt.DType)
+			}
+			got, err := quant.Decode(tt.DType, data, tt.Shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var amax float64
+			for _, x := range v {
+				amax = max(amax, math.Abs(float64(x)))
+			}
+			for i, x := range v {
+				if y := float64(got[i]); math.IsInf(y, 0) || math.IsNaN(y) || math.Abs(y-float64(x)) > amax/100 {
+					t.Fatalf("[%d]: %g stored as %g", i, x, y)
+				}
 			}
 		})
 	}
