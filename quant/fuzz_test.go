@@ -119,5 +119,29 @@ func FuzzEncode(f *testing.F) {
 				t.Fatalf("%s %v: finite weight %g decodes to %v", d, shape, w[i], v)
 			}
 		}
+		// What encodes decodes close to the input: within the format's
+		// error relative to the row's largest magnitude (the tensor's for
+		// q8_2f, whose f16 row scales cannot span rows 2^40 apart), plus
+		// the floor below which the format stores zeros (issue 8: q4tp
+		// rows near 1e30 decoded as nibbles times 1).
+		rel, abs := extremeTol(d)
+		var tmax float64
+		for _, x := range w {
+			tmax = max(tmax, math.Abs(float64(x)))
+		}
+		for o := range rows {
+			amax := tmax
+			if d != Q82F {
+				amax = 0
+				for _, x := range w[o*cols : (o+1)*cols] {
+					amax = max(amax, math.Abs(float64(x)))
+				}
+			}
+			for i := o * cols; i < (o+1)*cols; i++ {
+				if e := math.Abs(float64(got[i]) - float64(w[i])); e > rel*amax+abs {
+					t.Fatalf("%s %v: [%d,%d] %g decodes to %g, error %.3g of the max %g", d, shape, o, i-o*cols, w[i], got[i], e/amax, amax)
+				}
+			}
+		}
 	})
 }
