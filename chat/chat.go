@@ -27,6 +27,11 @@
 //     filters from its built-in table before the template's variables, so
 //     Compile renames the filter in filter position to a variable that the
 //     renderer binds to this implementation.
+//   - Bounds. A template cannot run away: every output (literal text and
+//     {{ }} expressions) goes through a counting call, range() is checked
+//     before its list is made, and the rendering has a deadline (see
+//     Limits); a template stopped by them returns a *LimitError naming the
+//     chat template as the cause.
 //
 // Values reach the template with the key order they were given in (JSON
 // object order for tools and tool-call arguments), as Python dicts and
