@@ -159,6 +159,7 @@ func (t *Template) Render(messages []Message, opts Options) (string, error) {
 		return "", err
 	}
 	b := newBudget(opts.Limits)
+	b.input = inputBytes(messages, opts.Tools)
 	data[emitName] = jinja.NewCallable(emitName, b.emit)
 	data[rangeName] = jinja.NewCallable("range", b.rangeFn)
 	type result struct {

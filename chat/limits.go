@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -22,9 +23,13 @@ import (
 // string in {% set %} a few dozen times); Timeout then returns the error,
 // although the abandoned evaluation runs on until its next checkpoint.
 type Limits struct {
-	// MaxBytes bounds the rendered prompt (default DefaultMaxBytes). A
-	// caller that knows the context length passes BytesPerToken × tokens:
-	// a prompt longer than that could not fit anyway.
+	// MaxBytes bounds what the template adds to the conversation (default
+	// DefaultMaxBytes): the rendered prompt may hold MaxBytes plus the
+	// bytes of the conversation itself (message texts, tool calls and tool
+	// definitions), so a long conversation is the context's business (the
+	// caller's "does not fit" error) and only a template that produces far
+	// more than it was given trips this. A caller that knows the context
+	// length passes BytesPerToken × tokens.
 	MaxBytes int
 	// MaxIterations bounds the items all range() calls of one rendering
 	// may produce together (default DefaultMaxIterations).
@@ -92,6 +97,7 @@ const (
 type budget struct {
 	lim      Limits
 	deadline time.Time
+	input    int // bytes of the conversation, allowed on top of MaxBytes
 	bytes    int
 	items    int
 	calls    int
@@ -137,8 +143,8 @@ func (b *budget) emit(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value
 	default:
 		b.bytes += 8
 	}
-	if b.bytes > b.lim.MaxBytes {
-		return jinja.Undefined(), &LimitError{What: "output", Limit: fmt.Sprintf("%d bytes", b.lim.MaxBytes)}
+	if b.bytes > b.lim.MaxBytes+b.input {
+		return jinja.Undefined(), &LimitError{What: "output", Limit: fmt.Sprintf("%d bytes: the conversation's %d and %d more", b.lim.MaxBytes+b.input, b.input, b.lim.MaxBytes)}
 	}
 	return v, nil
 }
@@ -193,4 +199,22 @@ func (b *budget) rangeFn(args []jinja.Value, _ map[string]jinja.Value) (jinja.Va
 	}
 	b.items += len(items)
 	return jinja.NewList(items), nil
+}
+
+// inputBytes is the size of what the caller gives the template: message
+// texts, tool calls and tool definitions (as JSON).
+func inputBytes(messages []Message, tools []any) int {
+	n := 0
+	for _, m := range messages {
+		n += len(m.Role) + len(m.Content) + len(m.ReasoningContent) + len(m.Name) + len(m.ToolCallID)
+		for _, c := range m.ToolCalls {
+			n += len(c.ID) + len(c.Type) + len(c.Function.Name) + len(c.Function.Arguments)
+		}
+	}
+	for _, t := range tools {
+		if b, err := json.Marshal(t); err == nil {
+			n += len(b)
+		}
+	}
+	return n
 }

@@ -54,17 +54,23 @@ func TestRenderNestedRanges(t *testing.T) {
 	}
 }
 
-// TestRenderOutputLimit: output beyond MaxBytes (text or expressions) stops
-// the rendering; output within it renders unchanged.
+// TestRenderOutputLimit: output beyond the conversation's bytes plus
+// MaxBytes (text or expressions) stops the rendering; output within it
+// renders unchanged; a long conversation alone never trips it.
 func TestRenderOutputLimit(t *testing.T) {
-	msgs := []Message{{Role: "user", Content: strings.Repeat("a", 100)}}
-	src := "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-	if le, _ := renderLimit(t, src, msgs, Limits{MaxBytes: 99}); le.What != "output" {
-		t.Fatalf("stopped by the %s limit", le.What)
+	msgs := []Message{{Role: "user", Content: strings.Repeat("a", 100)}} // 104 bytes with the role
+	src := "{% for m in messages %}<{{ m.role }}>{{ m.content }}{{ m.content }}{{ m.content }}{% endfor %}"
+	le, _ := renderLimit(t, src, msgs, Limits{MaxBytes: 201})
+	if le.What != "output" || le.Limit != "305 bytes: the conversation's 104 and 201 more" {
+		t.Fatalf("stopped by the %s limit (%s)", le.What, le.Limit)
 	}
-	out, err := Render(src, msgs, Options{Limits: Limits{MaxBytes: 106}})
-	if err != nil || out != "<user>"+msgs[0].Content {
+	out, err := Render(src, msgs, Options{Limits: Limits{MaxBytes: 202}})
+	if err != nil || out != "<user>"+strings.Repeat(msgs[0].Content, 3) {
 		t.Fatalf("within the limit: %q, %v", out, err)
+	}
+	long := []Message{{Role: "user", Content: strings.Repeat("b", 5000)}}
+	if out, err := Render("{% for m in messages %}[{{ m.content }}]{% endfor %}", long, Options{Limits: Limits{MaxBytes: 10}}); err != nil || len(out) != 5002 {
+		t.Fatalf("a long conversation with a plain template: %d bytes, %v", len(out), err)
 	}
 	// Literal text counts too.
 	if le, _ := renderLimit(t, "{% for i in range(1000) %}xxxxxxxxxx{% endfor %}", nil, Limits{MaxBytes: 5000}); le.What != "output" {

@@ -81,9 +81,9 @@ func (e *Engine) HasTemplate() bool { return e.tmpl != nil }
 
 // RenderChat renders messages with the model's chat template. Unless the
 // caller sets opt.Limits.MaxBytes (chat.BytesPerToken × the context it
-// will use), the output is bounded by chat.BytesPerToken × the model's
-// trained context; a template stopped by a limit returns an error matching
-// chat.ErrLimit that names the template.
+// will use), what the template adds to the conversation is bounded by
+// chat.BytesPerToken × the model's trained context; a template stopped by
+// a limit returns an error matching chat.ErrLimit that names the template.
 func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
 	if e.tmpl == nil {
 		return "", errors.New("engine: the model has no chat template")

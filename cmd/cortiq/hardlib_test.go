@@ -54,7 +54,7 @@ func TestRunHostileTemplate(t *testing.T) {
 	}
 	// The output limit follows --ctx: 16 bytes a token.
 	p = fixtureWithTemplate(t, "{% for i in range(300) %}xxxxxxxxxx{% endfor %}")
-	if _, err := cli(t, "run", p, "hi", "-n", "1", "--ctx", "64"); err == nil || !strings.Contains(err.Error(), "output limit (1024 bytes)") {
+	if _, err := cli(t, "run", p, "hi", "-n", "1", "--ctx", "64"); err == nil || !strings.Contains(err.Error(), "output limit (1030 bytes: the conversation's 6 and 1024 more)") {
 		t.Fatalf("run --ctx 64 with a 3000-byte template: %v", err)
 	}
 }
