@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/convert"
@@ -27,11 +28,8 @@ func TestMain(m *testing.M) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	// Opening a CMF file records verified weights in the user cache
 	// directory: keep the tests out of the real one.
-	dir, err := os.MkdirTemp("", "cortiq-test-cache-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
+	// Created on first use only, so that killed fuzz workers leave nothing.
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("cortiq-test-cache-%d-%d", os.Getpid(), time.Now().UnixNano()))
 	os.Setenv("XDG_CACHE_HOME", dir)
 	code := m.Run()
 	os.RemoveAll(dir)
