@@ -150,7 +150,7 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if err := writeFloatModel(ctx, tmp, hdr, ts, blobs); err != nil {
 		return nil, err
 	}
-	f, err := cmf.Open(tmp)
+	f, err := cmf.OpenWith(tmp, cmf.OpenOptions{NoVerify: true}) // just written, and temporary
 	if err != nil {
 		return nil, fmt.Errorf("convert: calibration: %w", err)
 	}

@@ -19,5 +19,8 @@ func TestMain(m *testing.M) {
 			os.Exit(2)
 		}
 	}
-	os.Exit(m.Run())
+	cleanup := tempCache()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }

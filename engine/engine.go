@@ -26,6 +26,9 @@ type Options struct {
 	// Open fails).
 	Device    backend.Device
 	OwnDevice bool
+	// NoVerify skips hashing the weights at open (see cmf.OpenOptions);
+	// by default they are verified once per file identity.
+	NoVerify bool
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -42,7 +45,7 @@ type Engine struct {
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
 func Open(path string, opt Options) (*Engine, error) {
-	f, err := cmf.Open(path)
+	f, err := cmf.OpenWith(path, cmf.OpenOptions{NoVerify: opt.NoVerify})
 	if err != nil {
 		if opt.OwnDevice && opt.Device != nil {
 			opt.Device.Close()
@@ -101,7 +104,11 @@ func (e *Engine) Close() {
 // HasTemplate reports whether the model carries a usable chat template.
 func (e *Engine) HasTemplate() bool { return e.tmpl != nil }
 
-// RenderChat renders messages with the model's chat template.
+// RenderChat renders messages with the model's chat template. Unless the
+// caller sets opt.Limits.MaxBytes (chat.BytesPerToken × the context it
+// will use), what the template adds to the conversation is bounded by
+// chat.BytesPerToken × the model's trained context; a template stopped by
+// a limit returns an error matching chat.ErrLimit that names the template.
 func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
 	if e.tmpl == nil {
 		return "", errors.New("engine: the model has no chat template")
@@ -114,7 +121,16 @@ func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, erro
 			opt.EOSToken = tc.EOSToken
 		}
 	}
-	return e.tmpl.Render(msgs, opt)
+	if opt.Limits.MaxBytes <= 0 {
+		if mp := e.File.Header.Arch.MaxPositionEmbeddings; mp > 0 {
+			opt.Limits.MaxBytes = chat.BytesPerToken * max(mp, 4096)
+		}
+	}
+	out, err := e.tmpl.Render(msgs, opt)
+	if err != nil {
+		return "", fmt.Errorf("engine: the model's chat template: %w", err)
+	}
+	return out, nil
 }
 
 // Encode tokenizes text; special tokens written in the text are parsed

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/cmf"
@@ -38,7 +39,14 @@ func TestMain(m *testing.M) {
 	}
 	// The converter warns about the missing tokenizer of the tiny models.
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
-	os.Exit(m.Run())
+	// Opening a CMF file records verified weights in the user cache
+	// directory: keep the tests out of the real one.
+	// Created on first use only, so that killed fuzz workers leave nothing.
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("cortiq-test-cache-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	os.Setenv("XDG_CACHE_HOME", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // variant is a tiny Hugging Face config exercising one feature of the

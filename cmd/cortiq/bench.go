@@ -15,7 +15,7 @@ func init() { commands = append(commands, newBench) }
 
 func newBench() *cobra.Command {
 	var p, n, r, threads int
-	var asJSON, md, noProbe bool
+	var asJSON, md, noProbe, noVerify bool
 	var probeMB int
 	var device string
 	var path string
@@ -48,7 +48,7 @@ func newBench() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true})
+				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true, NoVerify: noVerify})
 				if err != nil {
 					return err
 				}
@@ -88,5 +88,6 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
 	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
 	addDeviceFlag(c, &device)
+	addNoVerify(c, &noVerify)
 	return c
 }

@@ -16,7 +16,7 @@ import (
 func init() { commands = append(commands, newInspect) }
 
 func newInspect() *cobra.Command {
-	var asJSON bool
+	var asJSON, noVerify bool
 	var path string
 	c := &cobra.Command{
 		Use:   "inspect FILE",
@@ -24,7 +24,7 @@ func newInspect() *cobra.Command {
 		Args:  modelArgs(&path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, _ := splitModel(path, args)
-			m, err := cmf.Open(p)
+			m, err := openCMF(p, noVerify)
 			if err != nil {
 				return err
 			}
@@ -41,6 +41,7 @@ func newInspect() *cobra.Command {
 	}
 	addModelFlag(c, &path)
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	addNoVerify(c, &noVerify)
 	return c
 }
 

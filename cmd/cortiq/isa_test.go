@@ -25,5 +25,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CORTIQ_DEVICE") == "" {
 		os.Setenv("CORTIQ_DEVICE", "cpu")
 	}
-	os.Exit(m.Run())
+	cleanup := tempCache()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
 }

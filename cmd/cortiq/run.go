@@ -28,6 +28,7 @@ type modelFlags struct {
 	path                string // -m/--model
 	threads, ctx, batch int
 	device              string
+	noVerify            bool
 }
 
 func (f *modelFlags) add(c *cobra.Command) {
@@ -36,6 +37,7 @@ func (f *modelFlags) add(c *cobra.Command) {
 	c.Flags().IntVar(&f.ctx, "ctx", 4096, "context length in tokens (KV cache size; capped at the model's trained context; refused when it does not fit in memory)")
 	c.Flags().IntVar(&f.batch, "batch", 0, "prefill positions per step (0: default)")
 	addDeviceFlag(c, &f.device)
+	addNoVerify(c, &f.noVerify)
 }
 
 // open checks the flags and opens the model; nothing large is allocated
@@ -49,7 +51,7 @@ func (f *modelFlags) open(cmd *cobra.Command, path string) (*engine.Engine, erro
 	if err != nil {
 		return nil, err
 	}
-	return engine.Open(path, engine.Options{Threads: threads, Batch: f.batch, Device: dev, OwnDevice: true})
+	return engine.Open(path, engine.Options{Threads: threads, Batch: f.batch, Device: dev, OwnDevice: true, NoVerify: f.noVerify})
 }
 
 func (f *modelFlags) ctxLen(e *engine.Engine) int {
@@ -229,7 +231,7 @@ flags give the same text.`,
 						msgs = append(msgs, chat.Message{Role: "system", Content: system})
 					}
 					msgs = append(msgs, chat.Message{Role: "user", Content: text})
-					opt := chat.Options{AddGenerationPrompt: true}
+					opt := chat.Options{AddGenerationPrompt: true, Limits: chat.Limits{MaxBytes: chat.BytesPerToken * mf.ctxLen(e)}}
 					if noThink {
 						f := false
 						opt.EnableThinking = &f
@@ -378,7 +380,7 @@ func softmaxAt(row []float32, at []int) []float64 {
 }
 
 func newTokenize() *cobra.Command {
-	var asJSON, special bool
+	var asJSON, special, noVerify bool
 	var path string
 	c := &cobra.Command{
 		Use:   "tokenize MODEL --json < text",
@@ -386,7 +388,7 @@ func newTokenize() *cobra.Command {
 		Args:  modelArgs(&path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, _ := splitModel(path, args)
-			f, err := openCMF(p)
+			f, err := openCMF(p, noVerify)
 			if err != nil {
 				return err
 			}
@@ -416,5 +418,6 @@ func newTokenize() *cobra.Command {
 	addModelFlag(c, &path)
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	c.Flags().BoolVar(&special, "special", false, "add BOS/EOS as the tokenizer does and parse special tokens in the text")
+	addNoVerify(c, &noVerify)
 	return c
 }
