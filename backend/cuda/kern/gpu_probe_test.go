@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 )
 
 // The probe reads every byte: its integer sum equals the host's.
@@ -42,28 +43,31 @@ func BenchmarkGPUReadProbe(b *testing.B) {
 	}
 	defer d.Close()
 	const n = 4 << 30
-	var best float32
+	var m *kern.Module
+	var p, sink driver.DevicePtr
+	var e0, e1 driver.Event
+	var a driver.Args
 	err = d.Do(func(c *driver.Ctx) error {
-		m, err := loadForTest(c, d)
-		if err != nil {
+		var err error
+		if m, err = loadForTest(c, d); err != nil {
 			return err
 		}
-		p, err := c.Alloc(n)
-		if err != nil {
+		if p, err = c.Alloc(n); err != nil {
 			return err
 		}
-		defer c.Free(p)
-		sink, _ := c.Alloc(4)
-		defer c.Free(sink)
-		c.MemsetD8(p, 1, n)
-		e0, _ := c.NewEvent(0)
-		e1, _ := c.NewEvent(0)
-		defer c.DestroyEvent(e0)
-		defer c.DestroyEvent(e1)
-		var a driver.Args
+		sink, _ = c.Alloc(4)
+		e0, _ = c.NewEvent(0)
+		e1, _ = c.NewEvent(0)
 		a.Ptr(p).I64(n / 16).Ptr(sink)
-		cfg := driver.Config{Grid: driver.D1(4 * d.Info().SMs), Block: driver.D1(256)}
-		for b.Loop() {
+		return c.MemsetD8(p, 1, n)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := driver.Config{Grid: driver.D1(4 * d.Info().SMs), Block: driver.D1(256)}
+	var best float32
+	for b.Loop() {
+		err := d.Do(func(c *driver.Ctx) error {
 			c.Record(e0, 0)
 			if err := m.Launch(c, "probe_read", cfg, &a); err != nil {
 				return err
@@ -73,18 +77,21 @@ func BenchmarkGPUReadProbe(b *testing.B) {
 				return err
 			}
 			ms, err := c.Elapsed(e0, e1)
-			if err != nil {
-				return err
-			}
-			if gbs := float32(n) / (ms / 1e3) / 1e9; gbs > best {
+			if gbs := float32(n) / (ms / 1e3) / 1e9; err == nil && gbs > best {
 				best = gbs
 			}
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
 		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
 	}
+	d.Do(func(c *driver.Ctx) error {
+		c.DestroyEvent(e0)
+		c.DestroyEvent(e1)
+		c.Free(sink)
+		return c.Free(p)
+	})
 	b.SetBytes(n)
 	b.ReportMetric(float64(best), "best-GB/s")
 }
