@@ -18,7 +18,7 @@ struct SampleState {
 };
 
 // The draw: splitmix64 of seed + (counter+1)·golden, top 24 bits → [0, 1).
-__device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned long long counter) {
+__host__ __device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned long long counter) {
   unsigned long long z = seed + (counter + 1ull) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
