@@ -40,6 +40,9 @@ type Launcher struct {
 	C      *driver.Ctx
 	Stream driver.Stream
 	PDL    bool
+	// Debug waits for every kernel and names the one that failed (a
+	// faulting kernel otherwise surfaces at a later synchronisation).
+	Debug bool
 }
 
 // On returns a launcher for stream s.
@@ -64,6 +67,11 @@ func (l *Launcher) run(cs []call, err error) error {
 		}
 		if err := l.M.Launch(l.C, k.name, k.cfg, k.args); err != nil {
 			return err
+		}
+		if l.Debug {
+			if err := l.C.StreamSync(l.Stream); err != nil {
+				return fmt.Errorf("kern: %s (grid %v, block %v) failed: %w", k.name, k.cfg.Grid, k.cfg.Block, err)
+			}
 		}
 	}
 	return nil
