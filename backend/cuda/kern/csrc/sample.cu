@@ -26,9 +26,11 @@ __host__ __device__ __forceinline__ float draw_uniform(unsigned long long seed, 
   return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
-// Orderable key of a float: larger floats give larger keys; NaN maps to 0.
+// Orderable key of a float: larger floats give larger keys, equal floats
+// equal keys (-0 is +0); NaN maps to 0.
 __device__ __forceinline__ uint32_t fkey(float v) {
   if (v != v) return 0u;
+  if (v == 0.0f) return 0x80000000u;
   const uint32_t b = __float_as_uint(v);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
