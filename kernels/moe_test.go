@@ -1,0 +1,150 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cortiq/cortiq/quant"
+)
+
+// TestRoute checks softmax-then-top-k, the descending order, ties going
+// to the lower index, and renormalisation.
+func TestRoute(t *testing.T) {
+	logits := []float32{0.5, 2, -1, 2, 1, 0.5}
+	raw := slices.Clone(logits)
+	idx, w := make([]int, 3), make([]float32, 3)
+	Route(logits, false, idx, w)
+	if !slices.Equal(idx, []int{1, 3, 4}) {
+		t.Fatalf("top-3 %v, want [1 3 4] (ties to the lower index)", idx)
+	}
+	var z float64
+	for _, v := range raw {
+		z += math.Exp(float64(v))
+	}
+	for j, e := range idx {
+		if p := math.Exp(float64(raw[e])) / z; math.Abs(float64(w[j])-p) > 1e-6 {
+			t.Fatalf("weight %d = %v, want the softmax over all experts %v", j, w[j], p)
+		}
+	}
+	idx2 := make([]int, 4)
+	Route(slices.Clone(raw), false, idx2, make([]float32, 4))
+	if !slices.Equal(idx2, []int{1, 3, 4, 0}) {
+		t.Fatalf("top-4 %v, want [1 3 4 0]", idx2)
+	}
+	Route(slices.Clone(raw), true, idx, w)
+	if s := w[0] + w[1] + w[2]; math.Abs(float64(s)-1) > 1e-6 || w[0] != w[1] || w[2] >= w[1] {
+		t.Fatalf("renormalised weights %v", w)
+	}
+}
+
+// refMoE is the plain per-token reference: route each row, run each of
+// its experts on it alone with MatVec, accumulate in float64.
+func refMoE(p *Pool, m *MoE, x []float32, T int) []float64 {
+	E, k, dim := len(m.Experts), m.TopK, m.Router.Cols
+	out := make([]float64, T*dim)
+	swiglu := func(ex *Expert, xr []float32) []float32 {
+		I := ex.Gate.Rows
+		g, u, y := make([]float32, I), make([]float32, I), make([]float32, dim)
+		p.MatVec(ex.Gate, xr, g)
+		p.MatVec(ex.Up, xr, u)
+		for i := range g {
+			g[i] = g[i] / float32(1+math.Exp(-float64(g[i]))) * u[i]
+		}
+		p.MatVec(ex.Down, g, y)
+		return y
+	}
+	for t := range T {
+		xr := x[t*dim : (t+1)*dim]
+		lg := make([]float32, E)
+		p.MatVec(m.Router, xr, lg)
+		idx, w := make([]int, k), make([]float32, k)
+		Route(lg, m.Renorm, idx, w)
+		for j, e := range idx {
+			for i, v := range swiglu(&m.Experts[e], xr) {
+				out[t*dim+i] += float64(w[j]) * float64(v)
+			}
+		}
+		if m.Shared != nil {
+			sg := make([]float32, 1)
+			p.MatVec(m.SharedGate, xr, sg)
+			g := 1 / (1 + math.Exp(-float64(sg[0])))
+			for i, v := range swiglu(m.Shared, xr) {
+				out[t*dim+i] += g * float64(v)
+			}
+		}
+	}
+	return out
+}
+
+func randMoE(t testing.TB, r *rand.Rand, d quant.DType, E, k, dim, inter int, shared bool) *MoE {
+	m := &MoE{TopK: k, Renorm: true, Experts: make([]Expert, E)}
+	m.Router, _ = randMat(t, r, d, E, dim)
+	ex := func() Expert {
+		g, _ := randMat(t, r, d, inter, dim)
+		u, _ := randMat(t, r, d, inter, dim)
+		dn, _ := randMat(t, r, d, dim, inter)
+		return Expert{g, u, dn}
+	}
+	for e := range m.Experts {
+		m.Experts[e] = ex()
+	}
+	if shared {
+		s := ex()
+		m.Shared = &s
+		m.SharedGate, _ = randMat(t, r, d, 1, dim)
+	}
+	if err := m.Check(dim); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestMoEForwardMatchesPerToken runs the grouped MoE (each expert once
+// over its gathered rows) against the per-token reference, with and
+// without a shared expert, f32 and q8_row weights, decode (T=1) and
+// prefill chunks; it also checks that only the selected experts' bytes
+// are counted.
+func TestMoEForwardMatchesPerToken(t *testing.T) {
+	pool := NewPool(2)
+	defer pool.Close()
+	const E, k, dim, inter = 8, 2, 64, 32
+	for _, d := range []quant.DType{quant.F32, quant.Q8Row, quant.Q82F} {
+		for _, shared := range []bool{false, true} {
+			for _, T := range []int{1, 5, 33} {
+				t.Run(fmt.Sprintf("%s/shared=%v/T=%d", d, shared, T), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(T), 11))
+					m := randMoE(t, r, d, E, k, dim, inter, shared)
+					x := randVec(r, T*dim)
+					want := refMoE(pool, m, x, T)
+					got := make([]float32, T*dim)
+					var s MoEScratch
+					MoEForward(pool, m, x, T, got, &s)
+					var e, scale float64
+					for i, v := range got {
+						e = math.Max(e, math.Abs(float64(v)-want[i]))
+						scale = math.Max(scale, math.Abs(want[i]))
+					}
+					// The int8 activations of the quantized formats are
+					// quantized per row in MatMul as in MatVec; the two
+					// sum in different orders.
+					if e > 1e-5*math.Max(1, scale) {
+						t.Fatalf("grouped differs from per-token by %.3g (scale %.3g)", e, scale)
+					}
+					if T == 1 {
+						want := int64(len(m.Router.Data))
+						if shared {
+							want += int64(len(m.Shared.Gate.Data) + len(m.Shared.Up.Data) + len(m.Shared.Down.Data) + len(m.SharedGate.Data))
+						}
+						want += int64(k) * m.ExpertBytes(0)
+						if s.Bytes != want {
+							t.Fatalf("read %d bytes, want %d (router, %d experts, shared)", s.Bytes, want, k)
+						}
+					}
+				})
+			}
+		}
+	}
+}
