@@ -183,7 +183,12 @@ func (s *Session) Prefill(prompt []int) ([]float32, int, error) {
 	for keep < len(s.ids) && keep < len(prompt)-1 && s.ids[keep] == prompt[keep] {
 		keep++
 	}
-	if err := s.cache.Truncate(keep); err != nil {
+	if err := s.cache.Truncate(keep); errors.Is(err, model.ErrNotRewindable) {
+		// A hybrid model's recurrent state cannot be rolled back into the
+		// common prefix: prefill the prompt from the start.
+		keep = 0
+		s.cache.Reset()
+	} else if err != nil {
 		return nil, 0, err
 	}
 	s.ids = append(s.ids[:keep], prompt[keep:]...)

@@ -1,6 +1,10 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cortiq/cortiq/kernels"
+)
 
 // Cache is one sequence's state: the keys and values of every layer for
 // up to its context length of positions (f32; K stored after k_norm and
@@ -14,6 +18,11 @@ type Cache struct {
 	k   [][]float32 // per layer: (kvHeads, ctx, headDim)
 	v   [][]float32
 	rs  runState
+	// Hybrid models: the conv and recurrent state of each linear-attention
+	// layer (zero value for the others; those have no k, v) and the
+	// scratch of hybridStep.
+	gdn []kernels.GDNState
+	hy  *hybridRun
 }
 
 // runState holds the activations of one Forward step of up to batch
@@ -37,7 +46,15 @@ const maxContext = 1 << 24
 // takes (what NewCache allocates, besides the run state).
 func (m *Model) CacheBytes(ctxLen int) int64 {
 	c := &m.cfg
-	return 2 * int64(c.layers) * int64(c.kvHeads) * int64(ctxLen) * int64(c.headDim) * 4
+	var n int64
+	for l := range c.layers {
+		if m.hy != nil && m.hy[l].gdn != nil {
+			n += m.hy[l].gdn.StateBytes()
+			continue
+		}
+		n += 2 * int64(c.kvHeads) * int64(ctxLen) * int64(c.headDim) * 4
+	}
+	return n
 }
 
 // NewCache allocates the key/value cache for ctxLen positions and the run
@@ -49,7 +66,14 @@ func (m *Model) NewCache(ctxLen int) (*Cache, error) {
 	}
 	c := &Cache{m: m, ctx: ctxLen, k: make([][]float32, m.cfg.layers), v: make([][]float32, m.cfg.layers)}
 	per := m.cfg.kvHeads * ctxLen * m.cfg.headDim
+	if m.hy != nil {
+		c.gdn, c.hy = make([]kernels.GDNState, m.cfg.layers), &hybridRun{}
+	}
 	for l := range c.k {
+		if m.hy != nil && m.hy[l].gdn != nil {
+			c.gdn[l] = m.hy[l].gdn.NewState()
+			continue
+		}
 		c.k[l] = make([]float32, per)
 		c.v[l] = make([]float32, per)
 	}
@@ -68,7 +92,8 @@ func (m *Model) NewCache(ctxLen int) (*Cache, error) {
 	return c, nil
 }
 
-// Bytes returns the memory of the key/value cache.
+// Bytes returns the memory of the key/value cache (and of the
+// linear-attention state of a hybrid model).
 func (c *Cache) Bytes() int64 { return c.m.CacheBytes(c.ctx) }
 
 // Len returns the number of positions the cache holds.
@@ -78,13 +103,28 @@ func (c *Cache) Len() int { return c.n }
 func (c *Cache) Cap() int { return c.ctx }
 
 // Reset empties the cache.
-func (c *Cache) Reset() { c.n = 0 }
+func (c *Cache) Reset() {
+	c.n = 0
+	for _, s := range c.gdn {
+		clear(s.Conv)
+		clear(s.S)
+	}
+}
 
 // Truncate keeps the first n positions (to roll a conversation back to a
-// shared prefix); the next Forward starts at position n.
+// shared prefix); the next Forward starts at position n. A hybrid model's
+// linear-attention state holds the whole prefix in a fixed size and cannot
+// be rolled back: there only n == 0 (Reset) and n == Len() are allowed,
+// other lengths are ErrNotRewindable.
 func (c *Cache) Truncate(n int) error {
 	if n < 0 || n > c.n {
 		return fmt.Errorf("model: truncate to %d positions, the cache holds %d", n, c.n)
+	}
+	if c.gdn != nil && n != c.n {
+		if n != 0 {
+			return fmt.Errorf("model: truncate to %d of %d positions: %w", n, c.n, ErrNotRewindable)
+		}
+		c.Reset()
 	}
 	c.n = n
 	return nil

@@ -210,7 +210,11 @@ func (m *Model) Forward(c *Cache, tokens []int, pos int, want Logits) ([]float32
 	for s := 0; s < len(tokens); s += m.batch {
 		chunk := tokens[s:min(s+m.batch, len(tokens))]
 		T := len(chunk)
-		m.step(c, chunk, pos+s, inv, scale)
+		if m.hy != nil {
+			m.hybridStep(c, chunk, pos+s, inv, scale)
+		} else {
+			m.step(c, chunk, pos+s, inv, scale)
+		}
 		switch {
 		case want == AllLogits:
 			for t := range T {

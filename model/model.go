@@ -17,6 +17,7 @@ import (
 type family struct {
 	name     string
 	features func(a *cmf.Arch) (features, error)
+	hybrid   bool // MoE and/or linear-attention layers: hybrid.go
 }
 
 // features are the optional parts of the Llama-lineage decoder.
@@ -71,6 +72,7 @@ type Model struct {
 	batch   int
 	rope    *kernels.Rope
 	w       weights
+	hy      []hyLayer // hybrid models (hybrid.go): the layers; w.layers is empty
 	obs     *observer // set by SetObserver (decoder.go); nil costs one check per layer
 }
 
@@ -90,7 +92,11 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	cfg, err := newConfig(&a, f)
+	newCfg := newConfig
+	if fam.hybrid {
+		newCfg = newHybridConfig
+	}
+	cfg, err := newCfg(&a, f)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
@@ -99,11 +105,17 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
 	ld := &loader{m: m}
-	w := loadWeights(ld, &cfg)
+	var w weights
+	var hy []hyLayer
+	if fam.hybrid {
+		w, hy = loadHybrid(ld, &cfg, &a)
+	} else {
+		w = loadWeights(ld, &cfg)
+	}
 	if ld.err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, ld.err)
 	}
-	md := &Model{Arch: a, cfg: cfg, rope: rope, w: w, pool: opt.Pool, batch: opt.Batch}
+	md := &Model{Arch: a, cfg: cfg, rope: rope, w: w, hy: hy, pool: opt.Pool, batch: opt.Batch}
 	if md.batch <= 0 {
 		md.batch = 64
 	}

@@ -61,12 +61,16 @@ func loadCases(t *testing.T, dir string) []fixtureCase {
 	return out
 }
 
-// TestFixturesEndToEnd converts each dense reference fixture with the CLI
-// and checks, against Hugging Face transformers' outputs: the chat template
-// render, tokenization, the prefill logits of every position (cortiq logits)
-// and the 16-token greedy continuation with the KV cache (cortiq run --ids).
+// TestFixturesEndToEnd converts each reference fixture (dense, MoE and
+// hybrid) with the CLI and checks, against Hugging Face transformers'
+// outputs: the chat template render, tokenization, the prefill logits of
+// every position (cortiq logits) and the 16-token greedy continuation with
+// the cache (cortiq run --ids). transformers' float32 logits of the
+// MoE/hybrid fixtures are within 1.5e-5 of the RMS of a float64 run
+// (testdata/f64), well inside the 1e-4 bound.
 func TestFixturesEndToEnd(t *testing.T) {
-	for _, name := range []string{"llama_f32", "llama_bf16_tied", "qwen2_f32", "qwen3_f32", "qwen3_bf16"} {
+	for _, name := range []string{"llama_f32", "llama_bf16_tied", "qwen2_f32", "qwen3_f32", "qwen3_bf16",
+		"qwen3_moe_f32", "qwen3_next_f32", "qwen3_5_f32", "qwen3_5_moe_f32"} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "..", "testdata", "models", name)
 			cmfPath := filepath.Join(t.TempDir(), name+".cmf")
