@@ -1,49 +1,56 @@
 package model
 
 import (
-	"errors"
 	"fmt"
-	"math"
 
+	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
-	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/quant"
 )
 
 // The MoE / hybrid decoder shared by qwen3_moe, qwen3_next, qwen3_5 and
 // qwen3_5_moe (architectures.md §5–§9): the Llama-lineage skeleton of
 // decoder.go where each layer's mixer is either (gated) full attention or a
-// Gated DeltaNet, and each FFN either dense SwiGLU or a sparse MoE (with
+// Gated DeltaNet, and each FFN either a dense SwiGLU or a sparse MoE (with
 // an optional shared expert). The family files say which parts a model
-// has; the block-level operations (kernels.GDN, kernels.MoEForward) hold
-// the math.
+// has.
 
-// hyLayer is one layer of a hybrid model: exactly one mixer (attention
-// weights or gdn) and one FFN (dense weights or moe).
+// hyLayer is one layer: exactly one mixer (attn or gdn) and one FFN (mlp
+// or moe).
 type hyLayer struct {
-	attnNorm     []float32    // (dim)
-	wq           *kernels.Mat // (heads*headDim, dim), or (2*heads*headDim, dim) when gated
-	wk, wv       *kernels.Mat // (kvHeads*headDim, dim)
-	wo           *kernels.Mat // (dim, heads*headDim)
-	qNorm, kNorm []float32    // (headDim)
-	gated        bool         // q_proj rows per head are [q_j ; gate_j]; o *= σ(gate)
-	gdn          *kernels.GDN // linear_attention layers
-	ffnNorm      []float32    // (dim)
-	moe          *kernels.MoE
-	wGate, wUp   *kernels.Mat // dense FFN (hidden, dim)
-	wDown        *kernels.Mat
+	attn *backend.Attention
+	gdn  *backend.DeltaNet
+	mlp  *backend.MLP
+	moe  *backend.MoE
 }
 
-// hybridRun is a cache's scratch for hybridStep, grown on first use.
-type hybridRun struct {
-	qg, gate []float32 // (batch, 2*qd), (batch, qd)
-	gdn      kernels.GDNScratch
-	moe      kernels.MoEScratch
-}
+// ErrNotRewindable is returned (wrapped) by Truncate on a hybrid model's
+// cache when the linear-attention state cannot be rolled back to the
+// requested length.
+var ErrNotRewindable = backend.ErrNotRewindable
 
-// ErrNotRewindable is returned by Truncate on a hybrid model's cache when
-// the recurrent state cannot be rolled back to the requested length.
-var ErrNotRewindable = errors.New("model: a linear-attention state cannot be rolled back")
+// hybridStep is one step of a hybrid model over a batch's rows:
+//
+//	x = embed_tokens[ids]
+//	for each layer: x += attn(norm(x)) or deltanet(norm(x)); x += mlp(norm(x)) or moe(norm(x))
+//	logits = lm_head(norm(x))
+func (m *Model) hybridStep(ops backend.Ops) {
+	ops.Embed(m.w.embed)
+	for l := range m.hy {
+		ly := &m.hy[l]
+		if ly.gdn != nil {
+			ops.DeltaNet(ly.gdn, l)
+		} else {
+			ops.Attention(ly.attn, l)
+		}
+		if ly.moe != nil {
+			ops.MoE(ly.moe)
+		} else {
+			ops.MLP(ly.mlp)
+		}
+	}
+	ops.Head(&m.w.head)
+}
 
 // newHybridConfig validates a hybrid header; the shared fields go through
 // newConfig's checks.
@@ -65,8 +72,12 @@ func newHybridConfig(a *cmf.Arch, f features) (config, error) {
 			if a.LinearCore == nil || a.LinearCore.Kind != "gated_deltanet" {
 				return c, fmt.Errorf("layer %d is linear_attention without a gated_deltanet linear_core", l)
 			}
+			d := deltaNetShape(a)
+			if d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.KeyDim <= 0 || d.ValueDim <= 0 || d.ValueHeads%d.KeyHeads != 0 || d.ConvKernel < 1 {
+				return c, fmt.Errorf("linear attention: %d key heads × %d, %d value heads × %d, conv %d", d.KeyHeads, d.KeyDim, d.ValueHeads, d.ValueDim, d.ConvKernel)
+			}
 		default:
-			return c, fmt.Errorf("layer %d is %s; the CPU decoder runs full and linear attention", l, lt)
+			return c, fmt.Errorf("layer %d is %s; the decoder runs full and linear attention", l, lt)
 		}
 		if !IsMoELayer(a, l) && a.IntermediateSize <= 0 {
 			return c, fmt.Errorf("layer %d has a dense FFN but intermediate_size is %d", l, a.IntermediateSize)
@@ -78,8 +89,28 @@ func newHybridConfig(a *cmf.Arch, f features) (config, error) {
 	return c, nil
 }
 
-// arr decodes a float tensor of the given shape (conv weights) to float32.
-func (ld *loader) arr(name string, shape ...int) []float32 {
+func deltaNetShape(a *cmf.Arch) backend.DeltaNetShape {
+	return backend.DeltaNetShape{KeyHeads: a.LinearNumKeyHeads, ValueHeads: a.LinearNumValueHeads, KeyDim: a.LinearKeyHeadDim,
+		ValueDim: a.LinearValueHeadDim, ConvKernel: a.LinearConvKernelDim}
+}
+
+// hybridSpec is the per-sequence state: K/V in the attention layers, a
+// DeltaNet state in the linear-attention layers.
+func hybridSpec(c *config, a *cmf.Arch) backend.SeqSpec {
+	s := backend.SeqSpec{Layers: c.layers, KVHeads: c.kvHeads, HeadDim: c.headDim, DeltaNetShape: deltaNetShape(a)}
+	for l := range c.layers {
+		if LayerType(a, l) == "linear_attention" {
+			s.DeltaNet = append(s.DeltaNet, l)
+		} else {
+			s.Attention = append(s.Attention, l)
+		}
+	}
+	return s
+}
+
+// arr decodes a float tensor of the given shape (conv weights) and makes
+// it resident as a flat vector.
+func (ld *loader) arr(name string, shape ...int) backend.Vec {
 	t, data := ld.tensor(name, shape...)
 	if t == nil {
 		return nil
@@ -93,67 +124,77 @@ func (ld *loader) arr(name string, shape ...int) []float32 {
 	v, err := quant.Decode(t.DType, data, t.Shape)
 	if err != nil {
 		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
+		return nil
 	}
-	return v
+	bv, err := ld.dev.LoadVec(v)
+	if err != nil {
+		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
+	}
+	return bv
 }
 
-// loadHybrid views the weights of a hybrid model (canonical CMF names,
-// per-expert MoE tensors, architectures.md §5–§8).
-func loadHybrid(ld *loader, c *config, a *cmf.Arch) (weights, []hyLayer) {
+// loadHybrid makes the weights of a hybrid model resident (canonical CMF
+// names, per-expert MoE tensors; architectures.md §5–§8).
+func loadHybrid(ld *loader, c *config, a *cmf.Arch, rope backend.Rope) (weights, []hyLayer) {
 	H, hd := c.dim, c.headDim
 	qd, kvd := c.heads*hd, c.kvHeads*hd
+	norm := func(name string, n int) backend.Norm {
+		return backend.Norm{W: ld.vec(name, n), Eps: c.eps, OnePlus: c.onePlus}
+	}
 	w := weights{embed: ld.mat("model.embed_tokens.weight", c.vocab, H)}
 	hy := make([]hyLayer, c.layers)
 	for l := range hy {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		ly := &hy[l]
-		ly.attnNorm = ld.vec(p+"input_layernorm.weight", H)
+		inNorm := norm(p+"input_layernorm.weight", H)
 		if LayerType(a, l) == "linear_attention" {
-			ly.gdn = loadGDN(ld, p+"linear_attn.", c, a)
+			ly.gdn = loadDeltaNet(ld, p+"linear_attn.", c, a)
+			ly.gdn.Norm = inNorm
 		} else {
-			ly.gated = a.AttnOutputGate
 			qrows := qd
-			if ly.gated {
-				qrows *= 2
+			if a.AttnOutputGate {
+				qrows *= 2 // per head [q_j ; gate_j]
 			}
-			ly.wq = ld.mat(p+"self_attn.q_proj.weight", qrows, H)
-			ly.wk = ld.mat(p+"self_attn.k_proj.weight", kvd, H)
-			ly.wv = ld.mat(p+"self_attn.v_proj.weight", kvd, H)
-			ly.wo = ld.mat(p+"self_attn.o_proj.weight", H, qd)
+			ly.attn = &backend.Attention{
+				Norm: inNorm,
+				Q:    ld.mat(p+"self_attn.q_proj.weight", qrows, H),
+				K:    ld.mat(p+"self_attn.k_proj.weight", kvd, H),
+				V:    ld.mat(p+"self_attn.v_proj.weight", kvd, H),
+				O:    ld.mat(p+"self_attn.o_proj.weight", H, qd),
+				Rope: rope, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: hd, Gated: a.AttnOutputGate,
+			}
 			if c.qkNorm {
-				ly.qNorm = ld.vec(p+"self_attn.q_norm.weight", hd)
-				ly.kNorm = ld.vec(p+"self_attn.k_norm.weight", hd)
+				qn, kn := norm(p+"self_attn.q_norm.weight", hd), norm(p+"self_attn.k_norm.weight", hd)
+				ly.attn.QNorm, ly.attn.KNorm = &qn, &kn
 			}
 		}
-		ly.ffnNorm = ld.vec(p+"post_attention_layernorm.weight", H)
+		postNorm := norm(p+"post_attention_layernorm.weight", H)
 		if IsMoELayer(a, l) {
 			ly.moe = loadMoE(ld, p+"mlp.", c, a.MoE)
+			ly.moe.Norm = postNorm
 		} else {
-			ly.wGate = ld.mat(p+"mlp.gate_proj.weight", c.hidden, H)
-			ly.wUp = ld.mat(p+"mlp.up_proj.weight", c.hidden, H)
-			ly.wDown = ld.mat(p+"mlp.down_proj.weight", H, c.hidden)
+			ly.mlp = &backend.MLP{
+				Norm: postNorm,
+				Gate: ld.mat(p+"mlp.gate_proj.weight", c.hidden, H),
+				Up:   ld.mat(p+"mlp.up_proj.weight", c.hidden, H),
+				Down: ld.mat(p+"mlp.down_proj.weight", H, c.hidden),
+			}
 		}
 	}
-	w.norm = ld.vec("model.norm.weight", H)
+	w.head.Norm = norm("model.norm.weight", H)
 	if c.tied {
-		w.head = w.embed
+		w.head.W = w.embed
 	} else {
-		w.head = ld.mat("lm_head.weight", c.vocab, H)
+		w.head.W = ld.mat("lm_head.weight", c.vocab, H)
 	}
 	return w, hy
 }
 
-func loadGDN(ld *loader, p string, c *config, a *cmf.Arch) *kernels.GDN {
-	g := &kernels.GDN{
-		Rule: kernels.DeltaRule{KeyHeads: a.LinearNumKeyHeads, ValueHeads: a.LinearNumValueHeads, KeyDim: a.LinearKeyHeadDim, ValueDim: a.LinearValueHeadDim},
-		Conv: a.LinearConvKernelDim, Eps: c.eps,
-	}
-	if d := g.Rule; d.KeyHeads <= 0 || d.ValueHeads <= 0 || d.KeyDim <= 0 || d.ValueDim <= 0 || d.ValueHeads%d.KeyHeads != 0 || g.Conv < 1 {
-		ld.fail(fmt.Errorf("%s: linear attention %d key heads × %d, %d value heads × %d, conv %d", p, d.KeyHeads, d.KeyDim, d.ValueHeads, d.ValueDim, g.Conv))
-		return g
-	}
-	kd, vd, cd := g.Dims()
-	nv, H := g.Rule.ValueHeads, c.dim
+func loadDeltaNet(ld *loader, p string, c *config, a *cmf.Arch) *backend.DeltaNet {
+	d := deltaNetShape(a)
+	kd, vd, cd := d.Dims()
+	nv, H := d.ValueHeads, c.dim
+	g := &backend.DeltaNet{Shape: d}
 	if a.LinearCore.Projection == "qkvz_grouped" {
 		g.QKVZ = ld.mat(p+"in_proj_qkvz.weight", 2*kd+2*vd, H)
 		g.BA = ld.mat(p+"in_proj_ba.weight", 2*nv, H)
@@ -163,150 +204,33 @@ func loadGDN(ld *loader, p string, c *config, a *cmf.Arch) *kernels.GDN {
 		g.B = ld.mat(p+"in_proj_b.weight", nv, H)
 		g.A = ld.mat(p+"in_proj_a.weight", nv, H)
 	}
-	g.ConvW = ld.arr(p+"conv1d.weight", cd, 1, g.Conv)
+	g.Conv = ld.arr(p+"conv1d.weight", cd, 1, d.ConvKernel)
 	g.ALog = ld.vec(p+"A_log", nv)
 	g.DtBias = ld.vec(p+"dt_bias", nv)
-	g.Norm = ld.vec(p+"norm.weight", g.Rule.ValueDim)
+	// The gated norm has standard (not zero-centred) weights.
+	g.GateNorm = backend.Norm{W: ld.vec(p+"norm.weight", d.ValueDim), Eps: c.eps}
 	g.Out = ld.mat(p+"out_proj.weight", H, vd)
-	if ld.err == nil {
-		if err := g.Check(H); err != nil {
-			ld.fail(fmt.Errorf("%s: %w", p, err))
-		}
-	}
 	return g
 }
 
-func loadMoE(ld *loader, p string, c *config, mc *cmf.MoE) *kernels.MoE {
+func loadMoE(ld *loader, p string, c *config, mc *cmf.MoE) *backend.MoE {
 	H, I := c.dim, mc.MoEIntermediateSize
-	m := &kernels.MoE{Router: ld.mat(p+"gate.weight", mc.NumExperts, H), TopK: mc.NumExpertsPerTok, Renorm: mc.NormTopKProb,
-		Experts: make([]kernels.Expert, mc.NumExperts)}
+	m := &backend.MoE{Router: ld.mat(p+"gate.weight", mc.NumExperts, H), TopK: mc.NumExpertsPerTok, Renorm: mc.NormTopKProb,
+		Experts: make([]backend.Expert, mc.NumExperts)}
 	for e := range m.Experts {
 		q := fmt.Sprintf("%sexperts.%d.", p, e)
-		m.Experts[e] = kernels.Expert{Gate: ld.mat(q+"gate_proj.weight", I, H), Up: ld.mat(q+"up_proj.weight", I, H), Down: ld.mat(q+"down_proj.weight", H, I)}
+		m.Experts[e] = backend.Expert{Gate: ld.mat(q+"gate_proj.weight", I, H), Up: ld.mat(q+"up_proj.weight", I, H), Down: ld.mat(q+"down_proj.weight", H, I)}
 	}
 	if s := mc.SharedExpertIntermediateSize; s > 0 {
-		m.Shared = &kernels.Expert{Gate: ld.mat(p+"shared_expert.gate_proj.weight", s, H), Up: ld.mat(p+"shared_expert.up_proj.weight", s, H),
+		m.Shared = &backend.Expert{Gate: ld.mat(p+"shared_expert.gate_proj.weight", s, H), Up: ld.mat(p+"shared_expert.up_proj.weight", s, H),
 			Down: ld.mat(p+"shared_expert.down_proj.weight", H, s)}
 		m.SharedGate = ld.mat(p+"shared_expert_gate.weight", 1, H)
-	}
-	if ld.err == nil {
-		if err := m.Check(H); err != nil {
-			ld.fail(fmt.Errorf("%s: %w", p, err))
-		}
 	}
 	return m
 }
 
-// hybridStep is step (decoder.go) for hybrid models: T ≤ batch tokens at
-// positions p0.. through every layer, final hidden states in rs.x.
-func (m *Model) hybridStep(c *Cache, toks []int, p0 int, inv []float32, ropeScale float32) {
-	cfg, rs, pool, hr := &m.cfg, &c.rs, m.pool, c.hy
-	T, H, I, hd := len(toks), cfg.dim, cfg.hidden, cfg.headDim
-	qd, kvd := cfg.heads*hd, cfg.kvHeads*hd
-	h2 := m.rope.Dim() / 2
-	x, xb, xb2 := rs.x[:T*H], rs.xb[:T*H], rs.xb2[:T*H]
-	q, k, v, att := rs.q[:T*qd], rs.k[:T*kvd], rs.v[:T*kvd], rs.att[:T*qd]
-
-	// x = embed_tokens[ids]; cos/sin for each position.
-	for t, tok := range toks {
-		m.w.embed.Row(tok, x[t*H:(t+1)*H])
-		kernels.CosSin(inv, ropeScale, p0+t, rs.cos[t*h2:(t+1)*h2], rs.sin[t*h2:(t+1)*h2])
-	}
-	for l := range m.hy {
-		ly := &m.hy[l]
-		// xb = input_layernorm(x)
-		for t := range T {
-			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.attnNorm, cfg.eps, cfg.onePlus)
-		}
-		if ly.gdn != nil {
-			// x = x + GatedDeltaNet(xb), advancing the layer's state.
-			ly.gdn.Forward(pool, xb, T, H, x, &c.gdn[l], &hr.gdn)
-		} else {
-			m.hybridAttention(c, l, ly, T, p0, xb, q, k, v, att)
-			// x = x + o_proj(att)
-			pool.MatMul(ly.wo, att, T, xb2)
-			kernels.Add(x, xb2)
-		}
-		// xb = post_attention_layernorm(x)
-		for t := range T {
-			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.ffnNorm, cfg.eps, cfg.onePlus)
-		}
-		if ly.moe != nil {
-			// x = x + Σ_top-k w_e·expert_e(xb) (+ σ(g·xb)·shared(xb))
-			kernels.MoEForward(pool, ly.moe, xb, T, x, &hr.moe)
-			continue
-		}
-		// x = x + down_proj(silu(gate_proj(xb)) * up_proj(xb))
-		hb, hb2 := rs.hb[:T*I], rs.hb2[:T*I]
-		pool.MatMul(ly.wGate, xb, T, hb)
-		pool.MatMul(ly.wUp, xb, T, hb2)
-		kernels.SiLUMul(hb, hb2)
-		pool.MatMul(ly.wDown, hb, T, xb2)
-		kernels.Add(x, xb2)
-	}
-	c.n = p0 + T
-}
-
-// hybridAttention computes layer l's attention output for T positions
-// into att (T, qd): q/k norm (zero-centred on the hybrids), partial
-// RoPE, the cache, causal GQA, and for gated layers the sigmoid output
-// gate taken per head from q_proj's rows [q_j ; gate_j].
-func (m *Model) hybridAttention(c *Cache, l int, ly *hyLayer, T, p0 int, xb, q, k, v, att []float32) {
-	cfg, rs, pool, hr := &m.cfg, &c.rs, m.pool, c.hy
-	hd, qd, kvd, h2 := cfg.headDim, cfg.heads*cfg.headDim, cfg.kvHeads*cfg.headDim, m.rope.Dim()/2
-	var gate []float32
-	if ly.gated {
-		hr.qg, hr.gate = growF(hr.qg, T*2*qd), growF(hr.gate, T*qd)
-		pool.MatMul(ly.wq, xb, T, hr.qg)
-		gate = hr.gate
-		for t := range T {
-			for h := range cfg.heads {
-				src := hr.qg[t*2*qd+h*2*hd:]
-				copy(q[t*qd+h*hd:t*qd+(h+1)*hd], src[:hd])
-				copy(gate[t*qd+h*hd:t*qd+(h+1)*hd], src[hd:2*hd])
-			}
-		}
-	} else {
-		pool.MatMul(ly.wq, xb, T, q)
-	}
-	pool.MatMul(ly.wk, xb, T, k)
-	pool.MatMul(ly.wv, xb, T, v)
-	for t := range T {
-		cos, sin := rs.cos[t*h2:(t+1)*h2], rs.sin[t*h2:(t+1)*h2]
-		for h := range cfg.heads {
-			qh := q[t*qd+h*hd : t*qd+(h+1)*hd]
-			if ly.qNorm != nil {
-				kernels.RMSNorm(qh, qh, ly.qNorm, cfg.eps, cfg.onePlus)
-			}
-			kernels.ApplyRope(qh, cos, sin)
-		}
-		for h := range cfg.kvHeads {
-			kh := k[t*kvd+h*hd : t*kvd+(h+1)*hd]
-			if ly.kNorm != nil {
-				kernels.RMSNorm(kh, kh, ly.kNorm, cfg.eps, cfg.onePlus)
-			}
-			kernels.ApplyRope(kh, cos, sin)
-			copy(c.kv(l, h, p0+t, false), kh)
-			copy(c.kv(l, h, p0+t, true), v[t*kvd+h*hd:t*kvd+(h+1)*hd])
-		}
-	}
-	rs.attn = attnTask{m: m, c: c, l: l, p0: p0, q: q, out: att}
-	pool.For(T*cfg.heads, T*cfg.heads*(p0+T)*hd*2, &rs.attn)
-	rs.attn = attnTask{}
-	for i, g := range gate {
-		att[i] *= float32(1 / (1 + math.Exp(-float64(g))))
-	}
-}
-
-func growF(b []float32, n int) []float32 {
-	if cap(b) < n {
-		return make([]float32, n)
-	}
-	return b[:n]
-}
-
 // hybridFamily registers a hybrid architecture whose header must carry
-// the q/k norm (all four do).
+// the q/k norm (all four do) and no biases.
 func hybridFamily(name string, check func(a *cmf.Arch) error) family {
 	return family{name: name, hybrid: true, features: func(a *cmf.Arch) (features, error) {
 		if !a.QKNorm {

@@ -84,7 +84,7 @@ func TestHybridFixturesMatchFloat64(t *testing.T) {
 	for _, name := range hybridFixtures {
 		t.Run(name, func(t *testing.T) {
 			cases := loadF64(t, name)
-			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), model.LoadOptions{Threads: 2, Batch: 16})
+			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), opts(t, 2, 16))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,7 +131,7 @@ func TestHybridDecodeEqualsPrefill(t *testing.T) {
 	for _, name := range hybridFixtures {
 		t.Run(name, func(t *testing.T) {
 			rc := loadF64(t, name)[1]
-			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), model.LoadOptions{Threads: 2})
+			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), opts(t, 2, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,7 +165,7 @@ func TestHybridDecodeEqualsPrefill(t *testing.T) {
 // and computes the same logits after a reset.
 func TestHybridTruncate(t *testing.T) {
 	rc := loadF64(t, "qwen3_next_f32")[0]
-	m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, "qwen3_next_f32"), quant.F32), model.LoadOptions{Threads: 2})
+	m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, "qwen3_next_f32"), quant.F32), opts(t, 2, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
