@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -185,5 +186,153 @@ func TestHybridTruncate(t *testing.T) {
 	again := forward(t, m, c, rc.prompt, 0, model.LastLogits)
 	if e := relErr(again, first); e != 0 {
 		t.Fatalf("after truncating to 0 the prompt gives other logits (%.3g)", e)
+	}
+}
+
+// TestHybridFixturesQuantized runs each MoE/hybrid fixture converted to
+// q8_row and q8_2f against the float64 logits (prompt positions and
+// float64's greedy steps, decoded through the cache): it bounds the RMS
+// logit error and the mean KL divergence like TestFixturesQuantized, and
+// requires top-1 agreement at ≥ 95% of the positions whose float64 top-2
+// margin is at least 4× the measured RMS logit error (with at least 10
+// such positions). q4tp is run and logged, not judged (its agreement on
+// these nearly flat random models is not a quality measure).
+//
+// The Gated-DeltaNet fixtures get looser error bounds than the dense
+// ones: these random hybrid models amplify weight noise 3–5× more (1%
+// multiplicative Gaussian noise on every matrix, in npcheck's float64
+// forward: 3.5% logit change on qwen3_f32, 2.9% on qwen3_moe_f32, 10.7% on
+// qwen3_next_f32, 16.4% on qwen3_5_f32). Measured q8 error: 8–12.5% of the
+// logits' RMS, KL ≤ 7.2e-4, with every clear position agreeing; keeping
+// linear_attn or embed+lm_head in f32 halves the error each.
+func TestHybridFixturesQuantized(t *testing.T) {
+	for _, name := range hybridFixtures {
+		for _, q := range []quant.DType{quant.Q8Row, quant.Q82F, quant.Q4TP} {
+			t.Run(name+"/"+q.String(), func(t *testing.T) {
+				cases := loadF64(t, name)
+				m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), opts(t, 2, 16))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				V := m.Arch.VocabSize
+				type row struct{ got, ref []float32 }
+				var rows []row
+				for _, rc := range cases {
+					T, N := len(rc.prompt), len(rc.greedy)
+					c := newCache(t, m, T+N)
+					got := forward(t, m, c, rc.prompt, 0, model.AllLogits)
+					for p := range T {
+						rows = append(rows, row{got[p*V : (p+1)*V], rc.logits[p*V : (p+1)*V]})
+					}
+					for i := 1; i < N; i++ {
+						step := forward(t, m, c, rc.greedy[i-1:i], T+i-1, model.LastLogits)
+						rows = append(rows, row{step, rc.greedyLogits[i*V : (i+1)*V]})
+					}
+				}
+				var se, sr, sumKL float64
+				for _, r := range rows {
+					for i, v := range r.ref {
+						d := float64(r.got[i] - v)
+						se += d * d
+						sr += float64(v) * float64(v)
+					}
+					sumKL += kl(r.ref, r.got)
+				}
+				n := float64(len(rows) * V)
+				sigma := math.Sqrt(se / n)
+				rel, meanKL := sigma/math.Sqrt(sr/n), sumKL/float64(len(rows))
+				agree, decisive, dAgree := 0, 0, 0
+				for _, r := range rows {
+					same := argmax(r.got) == argmax(r.ref)
+					if same {
+						agree++
+					}
+					if margin(r.ref) >= 4*sigma {
+						decisive++
+						if same {
+							dAgree++
+						}
+					}
+				}
+				t.Logf("RMS logit error %.4f (%.2f%% of the logits' RMS), KL mean %.2e; top-1 agreement %d/%d overall, %d/%d where the margin ≥ 4σ",
+					sigma, 100*rel, meanKL, agree, len(rows), dAgree, decisive)
+				if q == quant.Q4TP {
+					return
+				}
+				b := quantBounds[q]
+				if name != "qwen3_moe_f32" {
+					b = hybridQuantBounds
+				}
+				if rel > b.relRMS || meanKL > b.meanKL {
+					t.Errorf("logit error %.3g of the RMS (bound %g), mean KL %.3g (bound %g)", rel, b.relRMS, meanKL, b.meanKL)
+				}
+				if decisive < 10 {
+					t.Fatalf("only %d positions have a margin ≥ 4σ: top-1 agreement cannot be judged", decisive)
+				}
+				if float64(dAgree) < 0.95*float64(decisive) {
+					t.Errorf("top-1 agreement %d/%d < 95%% where the float64 margin is ≥ 4σ", dAgree, decisive)
+				}
+			})
+		}
+	}
+}
+
+// hybridQuantBounds are the q8 bounds for the Gated-DeltaNet fixtures
+// (see TestHybridFixturesQuantized).
+var hybridQuantBounds = struct{ relRMS, meanKL float64 }{0.16, 1.5e-3}
+
+// TestHybridForwardMulti steps several sequences of a hybrid model
+// together (prefill chunks of different lengths mixed with decode rows:
+// the MoE routes all rows at once, each DeltaNet row runs on its own
+// sequence's state) and compares each with the sequence run alone.
+func TestHybridForwardMulti(t *testing.T) {
+	for _, name := range []string{"qwen3_next_f32", "qwen3_5_moe_f32"} {
+		t.Run(name, func(t *testing.T) {
+			cases := loadF64(t, name)
+			m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), quant.F32), opts(t, 2, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ids := [][]int{cases[0].prompt[:11], cases[1].prompt[:20], cases[0].prompt[3:17], cases[1].prompt}
+			caches := make([]*model.Cache, len(ids))
+			for i := range caches {
+				caches[i] = newCache(t, m, 64)
+			}
+			pos := make([]int, len(ids))
+			for step := 0; ; step++ {
+				var cs []*model.Cache
+				var toks [][]int
+				var who []int
+				for i := range ids {
+					if pos[i] == len(ids[i]) {
+						continue
+					}
+					n := 1
+					if step == 0 {
+						n = 2 + 3*i
+					} else if i == 3 {
+						n = 5
+					}
+					n = min(n, len(ids[i])-pos[i])
+					cs, toks, who = append(cs, caches[i]), append(toks, ids[i][pos[i]:pos[i]+n]), append(who, i)
+				}
+				if len(cs) == 0 {
+					break
+				}
+				got, err := m.ForwardMulti(cs, toks)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, i := range who {
+					pos[i] += len(toks[j])
+					alone := forward(t, m, newCache(t, m, 64), ids[i][:pos[i]], 0, model.LastLogits)
+					if e := relErr(got[j], alone); e > 2e-5 {
+						t.Fatalf("step %d sequence %d at %d: batched vs alone error %.3g", step, i, pos[i], e)
+					}
+				}
+			}
+		})
 	}
 }
