@@ -85,6 +85,7 @@ type GDNScratch struct {
 	q, k, v           []float32 // (T, kd), (T, kd), (T, vd)
 	y                 []float32 // (T, dim)
 	run               DeltaRun
+	jobs              []MatVecJob
 }
 
 // Forward adds the mixer's output for T rows of x (T, dim: the normed
@@ -103,8 +104,13 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 		per := 2*dk + 2*r*dv
 		s.proj = grow(s.proj, T*(2*kd+2*vd+2*nv))
 		qkvz, ba := s.proj[:T*(2*kd+2*vd)], s.proj[T*(2*kd+2*vd):]
-		p.MatMul(g.QKVZ, x, T, qkvz)
-		p.MatMul(g.BA, x, T, ba)
+		if T == 1 {
+			s.jobs = append(s.jobs[:0], MatVecJob{g.QKVZ, x, qkvz}, MatVecJob{g.BA, x, ba})
+			p.MatVecs(s.jobs)
+		} else {
+			p.MatMul(g.QKVZ, x, T, qkvz)
+			p.MatMul(g.BA, x, T, ba)
+		}
 		for t := range T {
 			row, m, z := qkvz[t*nk*per:(t+1)*nk*per], s.mixed[t*cd:(t+1)*cd], s.z[t*vd:(t+1)*vd]
 			bar := ba[t*2*nv : (t+1)*2*nv]
@@ -119,10 +125,15 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 			}
 		}
 	} else {
-		p.MatMul(g.QKV, x, T, s.mixed)
-		p.MatMul(g.Z, x, T, s.z)
-		p.MatMul(g.B, x, T, s.b)
-		p.MatMul(g.A, x, T, s.a)
+		if T == 1 {
+			s.jobs = append(s.jobs[:0], MatVecJob{g.QKV, x, s.mixed}, MatVecJob{g.Z, x, s.z}, MatVecJob{g.B, x, s.b}, MatVecJob{g.A, x, s.a})
+			p.MatVecs(s.jobs)
+		} else {
+			p.MatMul(g.QKV, x, T, s.mixed)
+			p.MatMul(g.Z, x, T, s.z)
+			p.MatMul(g.B, x, T, s.b)
+			p.MatMul(g.A, x, T, s.a)
+		}
 	}
 	// Causal conv + SiLU over the concatenated channels, with the state.
 	s.conv = grow(s.conv, T*cd)

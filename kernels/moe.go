@@ -94,6 +94,8 @@ type MoEScratch struct {
 	g, u   []float32 // (n, inter)
 	y      []float32 // (n, dim)
 	sg     []float32 // (T)
+	jobs   []MatVecJob
+	ex     []*Expert
 	// Bytes is the expert weight bytes the last call read (selected
 	// experts once each, plus the shared expert).
 	Bytes int64
@@ -119,6 +121,10 @@ func MoEForward(p *Pool, m *MoE, x []float32, T int, out []float32, s *MoEScratc
 	}
 	s.idx = s.idx[:T*k]
 	p.MatMul(m.Router, x[:T*dim], T, s.logits)
+	if T == 1 {
+		s.decode(p, m, x[:dim], out[:dim])
+		return
+	}
 	if len(s.rows) != E {
 		s.rows = make([][]int, E)
 	}
@@ -162,6 +168,53 @@ func MoEForward(p *Pool, m *MoE, x []float32, T int, out []float32, s *MoEScratc
 		s.Bytes += int64(len(m.Shared.Gate.Data) + len(m.Shared.Up.Data) + len(m.Shared.Down.Data) + len(m.SharedGate.Data))
 	}
 	s.Bytes += int64(len(m.Router.Data))
+}
+
+// decode is MoEForward for one row whose router logits are in s.logits:
+// the gate and up products of every selected expert (and the shared one)
+// run as one pool operation, then all the down products as another.
+func (s *MoEScratch) decode(p *Pool, m *MoE, x, out []float32) {
+	k, dim := m.TopK, m.Router.Cols
+	Route(s.logits, m.Renorm, s.idx[:k], s.w[:k])
+	ex := s.ex[:0]
+	for _, e := range s.idx[:k] {
+		ex = append(ex, &m.Experts[e])
+	}
+	if m.Shared != nil {
+		ex = append(ex, m.Shared)
+	}
+	I := 0
+	for _, e := range ex {
+		I = max(I, e.Gate.Rows)
+	}
+	n := len(ex)
+	s.g, s.u, s.y = grow(s.g, n*I), grow(s.u, n*I), grow(s.y, n*dim)
+	s.sg = grow(s.sg, 1)
+	jobs := s.jobs[:0]
+	for j, e := range ex {
+		jobs = append(jobs, MatVecJob{e.Gate, x, s.g[j*I:]}, MatVecJob{e.Up, x, s.u[j*I:]})
+	}
+	if m.Shared != nil {
+		jobs = append(jobs, MatVecJob{m.SharedGate, x, s.sg})
+	}
+	p.MatVecs(jobs)
+	jobs = jobs[:0]
+	for j, e := range ex {
+		Ie := e.Gate.Rows
+		SiLUMul(s.g[j*I:j*I+Ie], s.u[j*I:j*I+Ie])
+		jobs = append(jobs, MatVecJob{e.Down, s.g[j*I : j*I+Ie], s.y[j*dim:]})
+	}
+	p.MatVecs(jobs)
+	s.jobs, s.ex = jobs[:0], ex[:0]
+	s.Bytes = int64(len(m.Router.Data))
+	for j := range k {
+		AXPY(out, s.w[j], s.y[j*dim:(j+1)*dim])
+		s.Bytes += m.ExpertBytes(s.idx[j])
+	}
+	if m.Shared != nil {
+		AXPY(out, 1/(1+Exp(-s.sg[0])), s.y[k*dim:(k+1)*dim])
+		s.Bytes += int64(len(m.Shared.Gate.Data) + len(m.Shared.Up.Data) + len(m.Shared.Down.Data) + len(m.SharedGate.Data))
+	}
 }
 
 // expert runs ex over the n rows of s.x into s.y.
