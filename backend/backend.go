@@ -77,6 +77,21 @@ type Seq interface {
 	Bytes() int64 // memory of its state
 }
 
+// StateSaver is a Seq whose linear-attention state can be copied out and
+// back: hybrid models resume from snapshots of it at token boundaries
+// instead of re-prefilling a shared prefix.
+type StateSaver interface {
+	// SaveState copies the linear-attention state of every DeltaNet layer
+	// at the current length into dst (reused when large enough) and
+	// returns it; its length is SeqSpec.StateBytes()/4.
+	SaveState(dst []float32) []float32
+	// RestoreState sets the linear-attention state to one SaveState
+	// returned at length n and the length to n. The K/V rows of positions
+	// [0, n) are kept as they are: they must still hold the tokens the
+	// state was saved after (the caller's bookkeeping).
+	RestoreState(state []float32, n int) error
+}
+
 // ErrNotRewindable says that a sequence's linear-attention state (which
 // summarises the whole prefix in a fixed size) cannot be rolled back to
 // an earlier position.

@@ -26,6 +26,12 @@ type Options struct {
 	// Open fails).
 	Device    backend.Device
 	OwnDevice bool
+	// Hybrid models (snapshots.go): a snapshot of the linear-attention
+	// state every SnapshotInterval prefill tokens (0: 256, < 0: only at
+	// the end of prompts and replies), kept in an LRU of SnapshotBudget
+	// bytes (0: 1 GiB).
+	SnapshotInterval int
+	SnapshotBudget   int64
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -38,6 +44,7 @@ type Engine struct {
 
 	dev    backend.Device
 	ownDev bool
+	snaps  snapStore
 }
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
@@ -62,6 +69,13 @@ func Open(path string, opt Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{File: f, Model: m, dev: dev, ownDev: own}
+	e.snaps.interval, e.snaps.budget = opt.SnapshotInterval, opt.SnapshotBudget
+	if e.snaps.interval == 0 {
+		e.snaps.interval = DefaultSnapshotInterval
+	}
+	if e.snaps.budget <= 0 {
+		e.snaps.budget = DefaultSnapshotBudget
+	}
 	if tc := f.Header.TokenizerConfig; tc != nil {
 		if e.Tok, err = LoadTokenizer(f); err != nil {
 			e.Close()
@@ -140,6 +154,7 @@ type Session struct {
 	e     *Engine
 	cache *model.Cache
 	ids   []int
+	marks []int // hybrid models: extra snapshot positions of the next Prefill
 }
 
 // NewSession allocates a cache for ctxLen tokens.
@@ -208,12 +223,11 @@ func (s *Session) Prefill(prompt []int) ([]float32, int, error) {
 	for keep < len(s.ids) && keep < len(prompt)-1 && s.ids[keep] == prompt[keep] {
 		keep++
 	}
-	if err := s.cache.Truncate(keep); errors.Is(err, model.ErrNotRewindable) {
-		// A hybrid model's recurrent state cannot be rolled back into the
-		// common prefix: prefill the prompt from the start.
-		keep = 0
-		s.cache.Reset()
-	} else if err != nil {
+	if s.e.Model.HasState() {
+		// Hybrid: resume from a snapshot inside the common prefix.
+		return s.prefillState(prompt, keep)
+	}
+	if err := s.cache.Truncate(keep); err != nil {
 		return nil, 0, err
 	}
 	s.ids = append(s.ids[:keep], prompt[keep:]...)
@@ -236,6 +250,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 	}
 	res.CachedTokens = keep
 	res.PrefillTime = time.Since(t0)
+	if s.e.Model.HasState() {
+		// The end of the reply is the next turn's most likely resume point.
+		defer func() {
+			if err := s.e.snaps.take(s); err != nil {
+				slog.Warn("snapshot at the end of a reply failed", "err", err)
+			}
+		}()
+	}
 	sm, err := sample.New(opt.Sample)
 	if err != nil {
 		return nil, err

@@ -75,6 +75,39 @@ func (c *seq) Truncate(n int) error {
 	return nil
 }
 
+// SaveState copies the DeltaNet state of every layer into dst.
+func (c *seq) SaveState(dst []float32) []float32 {
+	n := int(c.spec.StateBytes() / 4)
+	if cap(dst) < n {
+		dst = make([]float32, n)
+	}
+	dst = dst[:0]
+	for _, l := range c.spec.DeltaNet {
+		dst = append(dst, c.gdn[l].Conv...)
+		dst = append(dst, c.gdn[l].S...)
+	}
+	return dst
+}
+
+// RestoreState copies a saved DeltaNet state back and sets the length.
+func (c *seq) RestoreState(st []float32, n int) error {
+	if len(st) != int(c.spec.StateBytes()/4) || c.gdn == nil {
+		return fmt.Errorf("cpu: restore a state of %d values into a sequence of %d", len(st), c.spec.StateBytes()/4)
+	}
+	if n < 0 || n > c.ctx {
+		return fmt.Errorf("cpu: restore to length %d, context %d", n, c.ctx)
+	}
+	for _, l := range c.spec.DeltaNet {
+		g := c.gdn[l]
+		st = st[copy(g.Conv, st):]
+		st = st[copy(g.S, st):]
+	}
+	c.n = n
+	return nil
+}
+
+var _ backend.StateSaver = (*seq)(nil)
+
 // head returns layer l's keys (or values) of kv head h: (ctx, headDim).
 func (c *seq) head(l, h int, values bool) []float32 {
 	per := c.ctx * c.spec.HeadDim

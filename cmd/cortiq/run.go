@@ -110,7 +110,8 @@ func newRun() *cobra.Command {
 		Use:   "run MODEL [PROMPT]",
 		Short: "Generate text from a prompt (streams; prints prefill and decode tok/s)",
 		Long: `Generate text. The prompt is wrapped in the model's chat template unless --raw; with --ids the
-given token ids are the whole prompt. --json prints {"ids":[generated ids],"text":"..."}.`,
+given token ids are the whole prompt. --json prints {"ids":[generated ids],"text":"...","finish_reason":...,
+"prompt_tokens":N,"reused_tokens":N (prompt tokens found in the cache or resumed from a snapshot)}.`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if sf.n < 0 {
@@ -167,12 +168,18 @@ given token ids are the whole prompt. --json prints {"ids":[generated ids],"text
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(out).Encode(map[string]any{"ids": res.IDs, "text": res.Text, "finish_reason": res.Reason})
+				return json.NewEncoder(out).Encode(map[string]any{"ids": res.IDs, "text": res.Text, "finish_reason": res.Reason,
+					"prompt_tokens": res.PromptTokens, "reused_tokens": res.CachedTokens})
 			}
 			fmt.Fprintln(out)
 			fmt.Fprintf(cmd.ErrOrStderr(), "\nprefill: %d tokens, %.1f tok/s | decode: %d tokens, %.2f tok/s | stop: %s | KV cache %.1f MiB for %d tokens\n",
 				res.PromptTokens, res.PrefillRate(), res.Decoded, res.DecodeRate(), res.Reason,
 				float64(s.Cache().Bytes())/(1<<20), s.Cache().Cap())
+			if e.Model.HasState() {
+				n, b := e.SnapshotStats()
+				fmt.Fprintf(cmd.ErrOrStderr(), "linear-attention state: %.2f MiB per sequence and per snapshot; %d snapshots held (%.1f MiB)\n",
+					float64(e.Model.SnapshotBytes())/(1<<20), n, float64(b)/(1<<20))
+			}
 			return nil
 		},
 	}

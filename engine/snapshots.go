@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"errors"
+	"slices"
+	"sync"
+
+	"github.com/cortiq/cortiq/model"
+)
+
+// Prefix reuse for hybrid models. Their linear-attention state summarises
+// the whole prefix in a fixed size and cannot be truncated to a shorter
+// prefix, so a session keeps snapshots of it (model.Snapshot: the conv and
+// recurrent state, ~75 MiB for Qwen3-Next-80B) at every SnapshotInterval
+// tokens of a prefill and at the end of each prompt and of each reply. The
+// next Prefill resumes from the latest snapshot inside the prompt's common
+// prefix with the session's tokens (the K/V rows of the attention layers
+// below it are still in the cache) instead of prefilling from the start.
+// Snapshots live in one host-memory LRU per engine with a byte budget.
+
+// Defaults of Options.SnapshotInterval and Options.SnapshotBudget.
+const (
+	DefaultSnapshotInterval = 256
+	DefaultSnapshotBudget   = 1 << 30
+)
+
+// snapStore is the engine's LRU of snapshots.
+type snapStore struct {
+	mu       sync.Mutex
+	budget   int64
+	interval int
+	bytes    int64
+	clock    uint64
+	entries  []*snapEntry
+}
+
+type snapEntry struct {
+	s    *Session
+	snap *model.Snapshot
+	used uint64
+}
+
+// SnapshotStats returns the number of snapshots held and their bytes.
+func (e *Engine) SnapshotStats() (n int, bytes int64) {
+	st := &e.snaps
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.entries), st.bytes
+}
+
+// take snapshots s's cache at its current length unless one exists, then
+// evicts the least recently used snapshots (of any session) over budget.
+func (st *snapStore) take(s *Session) error {
+	n := s.cache.Len()
+	if n == 0 {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.clock++
+	for _, e := range st.entries {
+		if e.s == s && e.snap.Len == n {
+			e.used = st.clock
+			return nil
+		}
+	}
+	snap, err := s.cache.Snapshot(nil)
+	if err != nil {
+		return err
+	}
+	if snap.Bytes() > st.budget {
+		return nil
+	}
+	st.entries = append(st.entries, &snapEntry{s: s, snap: snap, used: st.clock})
+	st.bytes += snap.Bytes()
+	for st.bytes > st.budget {
+		lru := 0
+		for i, e := range st.entries {
+			if e.used < st.entries[lru].used {
+				lru = i
+			}
+		}
+		st.remove(lru)
+	}
+	return nil
+}
+
+func (st *snapStore) remove(i int) {
+	st.bytes -= st.entries[i].snap.Bytes()
+	st.entries = append(st.entries[:i], st.entries[i+1:]...)
+}
+
+// drop removes s's snapshots longer than n (all of them for n < 0).
+func (st *snapStore) drop(s *Session, n int) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for i := 0; i < len(st.entries); {
+		if e := st.entries[i]; e.s == s && (n < 0 || e.snap.Len > n) {
+			st.remove(i)
+			continue
+		}
+		i++
+	}
+}
+
+// best returns s's longest snapshot of at most n positions, or nil.
+func (st *snapStore) best(s *Session, n int) *model.Snapshot {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var b *snapEntry
+	for _, e := range st.entries {
+		if e.s == s && e.snap.Len <= n && (b == nil || e.snap.Len > b.snap.Len) {
+			b = e
+		}
+	}
+	if b == nil {
+		return nil
+	}
+	st.clock++
+	b.used = st.clock
+	return b.snap
+}
+
+// prefillState is Prefill for a model with linear-attention state: keep is
+// the prompt's common prefix with the session's tokens. The cache resumes
+// at keep if it is exactly there, else at the latest snapshot within keep,
+// else from the start; the rest is prefilled in pieces that end on the
+// snapshot interval, with a snapshot at each boundary and at the end.
+func (s *Session) prefillState(prompt []int, keep int) ([]float32, int, error) {
+	st := &s.e.snaps
+	// Prefilling overwrites the positions from keep on: snapshots past it
+	// no longer match the cache's K/V rows.
+	st.drop(s, keep)
+	if keep != s.cache.Len() {
+		if b := st.best(s, keep); b != nil && b.Len > 0 {
+			if err := s.cache.Restore(b); err != nil {
+				return nil, 0, err
+			}
+			keep = b.Len
+		} else {
+			s.cache.Reset()
+			keep = 0
+		}
+	}
+	s.ids = append(s.ids[:keep], prompt[keep:]...)
+	iv := st.interval
+	marks := s.marks
+	s.marks = nil
+	var logits []float32
+	for pos := keep; pos < len(prompt); {
+		end := len(prompt)
+		if iv > 0 {
+			end = min(end, (pos/iv+1)*iv)
+		}
+		for _, m := range marks {
+			if m > pos && m < end {
+				end = m
+			}
+		}
+		want := model.NoLogits
+		if end == len(prompt) {
+			want = model.LastLogits
+		}
+		l, err := s.e.Model.Forward(s.cache, prompt[pos:end], pos, want)
+		if err != nil {
+			// The state may be part-way through the piece: start over
+			// next time.
+			s.cache.Reset()
+			s.ids = s.ids[:0]
+			st.drop(s, -1)
+			return nil, keep, err
+		}
+		logits, pos = l, end
+		if iv > 0 && pos%iv == 0 || pos == len(prompt) || slices.Contains(marks, pos) {
+			if err := st.take(s); err != nil {
+				return nil, keep, err
+			}
+		}
+	}
+	return logits, keep, nil
+}
+
+// SnapshotAt asks the next Prefill of a hybrid session to snapshot the
+// state at position n too (if it prefills past n): chat marks where the
+// conversation's history ends, the prefix the next turn shares even when
+// the template rewrites the assistant turns after it.
+func (s *Session) SnapshotAt(n int) {
+	if s.e.Model.HasState() && n > 0 {
+		s.marks = append(s.marks, n)
+	}
+}
+
+// Close drops the session's snapshots from the engine's store; the
+// session must not be used afterwards.
+func (s *Session) Close() {
+	s.e.snaps.drop(s, -1)
+}
+
+var errNoSnapshots = errors.New("engine: the model keeps no linear-attention state")
+
+// Snapshot takes a snapshot of a hybrid session at its current length
+// (Generate does so at the end of each reply).
+func (s *Session) Snapshot() error {
+	if !s.e.Model.HasState() {
+		return errNoSnapshots
+	}
+	return s.e.snaps.take(s)
+}
