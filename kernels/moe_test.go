@@ -1,11 +1,15 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/quant"
 )
@@ -147,4 +151,80 @@ func TestMoEForwardMatchesPerToken(t *testing.T) {
 			}
 		}
 	}
+}
+
+// randQ8 is a q8_row matrix of random bytes (scales 0.01), made without
+// the encoder so that benchmarks can allocate hundreds of MB quickly.
+func randQ8(b testing.TB, seed *uint64, rows, cols int) *Mat {
+	data := make([]byte, rows*cols+2*rows)
+	for i := 0; i+8 <= rows*cols; i += 8 {
+		*seed = *seed*6364136223846793005 + 1442695040888963407
+		binary.LittleEndian.PutUint64(data[i:], *seed)
+	}
+	for i := range rows {
+		data[rows*cols+2*i], data[rows*cols+2*i+1] = 0x1f, 0x21
+	}
+	m, err := NewMat(quant.Q8Row, rows, cols, data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// BenchmarkMoEDecodeBandwidthShare decodes one token through the MoE
+// layers of a small Qwen3-MoE shape (4 layers of 32 experts, top 4,
+// hidden 1024, expert width 768, q8_row: 300 MB of experts, far beyond the
+// caches) and reports the bytes actually read (router + the selected
+// experts) per second as a share of a read probe run alternately in the
+// same loop (%bw), as kernels' BenchmarkDecodeBandwidthShare does for
+// dense matrices.
+func BenchmarkMoEDecodeBandwidthShare(b *testing.B) {
+	if testing.Short() {
+		b.Skip("allocates 300 MB of experts")
+	}
+	const layers, E, k, dim, inter = 4, 32, 4, 1024, 768
+	p := NewPool(0)
+	defer p.Close()
+	seed := uint64(3)
+	moes := make([]*MoE, layers)
+	for l := range moes {
+		m := &MoE{Router: randQ8(b, &seed, E, dim), TopK: k, Renorm: true, Experts: make([]Expert, E)}
+		for e := range m.Experts {
+			m.Experts[e] = Expert{randQ8(b, &seed, inter, dim), randQ8(b, &seed, inter, dim), randQ8(b, &seed, dim, inter)}
+		}
+		moes[l] = m
+	}
+	buf := make([]byte, 256<<20)
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	x, out := make([]float32, dim), make([]float32, dim)
+	var s MoEScratch
+	var shares, toks, bws []float64
+	var sum atomic.Uint64
+	for b.Loop() {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		per := len(buf) / p.Workers()
+		for w := range p.Workers() {
+			wg.Go(func() { sum.Add(streamRead(buf[w*per : (w+1)*per])) })
+		}
+		wg.Wait()
+		bw := float64(len(buf)) / time.Since(t0).Seconds()
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		t1 := time.Now()
+		var bytes int64
+		for _, m := range moes {
+			MoEForward(p, m, x, 1, out, &s)
+			bytes += s.Bytes
+		}
+		dt := time.Since(t1).Seconds()
+		shares, toks, bws = append(shares, float64(bytes)/dt/bw), append(toks, 1/dt), append(bws, bw/1e9)
+	}
+	b.ReportMetric(100*median(shares), "%bw")
+	b.ReportMetric(median(toks), "tok/s")
+	b.ReportMetric(median(bws), "readGB/s")
 }
