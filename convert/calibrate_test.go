@@ -231,7 +231,7 @@ func TestCalibrateErrors(t *testing.T) {
 		cal       Calibrate
 		want      string
 	}{
-		{"moe", filepath.Join("..", "testdata", "models", "qwen3_moe_f32"), Calibrate{Text: calibText}, "does not run qwen3_moe"},
+		{"moe", filepath.Join("..", "testdata", "models", "qwen3_moe_f32"), Calibrate{Text: calibText}, "does not observe the MoE experts and DeltaNet projections of qwen3_moe"},
 		{"no tokenizer", noTok, Calibrate{Text: calibText}, "needs the model's tokenizer"},
 		{"missing text", calibFixture, Calibrate{Text: filepath.Join(dir, "nope.txt")}, "no such file"},
 		{"not utf-8", calibFixture, Calibrate{Text: bad}, "not UTF-8"},

@@ -124,8 +124,8 @@ type deltaIn struct {
 	T                   int
 }
 
-// head returns value head h's views: its key head's q and k at token t and
-// its v, o, g, β.
+// rowQ and rowK return the q and k of value head h's key head at token t;
+// rowV returns value head h's slice of a (T, nv·dv) row-major x at t.
 func (d *DeltaRule) rowQ(in *deltaIn, t, h int) []float32 {
 	kh := h / (d.ValueHeads / d.KeyHeads)
 	w := d.KeyHeads * d.KeyDim

@@ -18,7 +18,9 @@ type hybridState struct {
 }
 
 // blocks caches the kernels' view of each block's weights, built on first
-// use (one per backend weight struct, which the model keeps for its life).
+// use (one per backend weight struct, which the model keeps for its life;
+// the device keeps the entries, and with them the weight structs, until it
+// is closed: one device per loaded model, as engine.Open does).
 type blocks struct {
 	mu  sync.Mutex
 	moe map[*backend.MoE]*kernels.MoE
