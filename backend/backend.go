@@ -18,13 +18,15 @@
 // (Batch) runs rows of several sequences at once, so batched decode and
 // chunked prefill are the same call.
 //
-// This package imports quant only; model imports this package only.
+// This package imports quant and rope only; model imports this package
+// only.
 package backend
 
 import (
 	"errors"
 
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/rope"
 )
 
 // Device makes weights and sequence state resident and runs steps.
@@ -273,29 +275,9 @@ type Head struct {
 	W    Mat // (vocab, H)
 }
 
-// RopeConfig describes a rotary position embedding with the field names
-// of Hugging Face's rope_parameters (docs/cmf.md `rope_scaling`).
-type RopeConfig struct {
-	HeadDim             int
-	PartialRotaryFactor float64 // fraction of HeadDim rotated; 0 means 1
-	Theta               float64 // rope_theta
-	MaxPositions        int     // max_position_embeddings
-
-	Type           string  // "", "default", "linear", "dynamic", "yarn", "llama3"
-	Factor         float64 // linear, dynamic, yarn, llama3
-	OriginalMaxPos int     // yarn, llama3 (0: MaxPositions)
-	LowFreqFactor  float64 // llama3
-	HighFreqFactor float64 // llama3
-	BetaFast       float64 // yarn (0: 32)
-	BetaSlow       float64 // yarn (0: 1)
-	AttnFactor     float64 // yarn (0: derived from Factor, MScale, MScaleAllDim)
-	MScale         float64 // yarn
-	MScaleAllDim   float64 // yarn
-	Truncate       *bool   // yarn: round the correction range (nil: true)
-	// FreqFactors ("freq_factors"): per rotated pair, the divisor of its
-	// inverse frequency, as GGUF files store llama3 scaling (rope_freqs).
-	FreqFactors []float64
-}
+// RopeConfig describes a rotary position embedding (package rope computes
+// its frequency tables on the host).
+type RopeConfig = rope.Config
 
 // Observer sees the input of every linear layer during a step, for
 // calibration: Observe gets the weight's tensor name and the rows×cols
@@ -308,6 +290,14 @@ type Observer interface {
 // Observable is a device that can report linear-layer inputs.
 type Observable interface {
 	SetObserver(o Observer)
+}
+
+// Planner is a device that checks, before any weight is loaded, that a
+// model fits: weightBytes of weights, the state of its sequences (spec),
+// and step scratch for rows of at most widest floats. The error names the
+// numbers. model.Load calls it when the device has it.
+type Planner interface {
+	Plan(weightBytes int64, spec SeqSpec, widest int) error
 }
 
 // ErrNoDevice says that a requested device is not present or cannot be

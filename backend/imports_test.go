@@ -12,7 +12,7 @@ import (
 const mod = "github.com/cortiq/cortiq/"
 
 // TestImportRules holds the layering of gpu-design.md §2: the boundary
-// imports only quant; architectures import the boundary, never a backend
+// imports only quant and rope; architectures import the boundary, never a backend
 // or the CPU kernels; the low layers never import the backends.
 func TestImportRules(t *testing.T) {
 	_, file, _, _ := runtime.Caller(0)
@@ -30,15 +30,15 @@ func TestImportRules(t *testing.T) {
 		}
 		return own
 	}
-	if got := imports("backend"); !slices.Equal(got, []string{"quant"}) {
-		t.Errorf("backend imports %v, want only quant", got)
+	if got := imports("backend"); !slices.Equal(got, []string{"quant", "rope"}) {
+		t.Errorf("backend imports %v, want only quant and rope", got)
 	}
 	for _, i := range imports("model") {
 		if i == "kernels" || strings.HasPrefix(i, "backend/") {
 			t.Errorf("model imports %s: architectures are written against backend only", i)
 		}
 	}
-	for _, low := range []string{"quant", "half", "cmf", "kernels"} {
+	for _, low := range []string{"quant", "half", "cmf", "kernels", "rope"} {
 		for _, i := range imports(low) {
 			if strings.HasPrefix(i, "backend") || i == "model" {
 				t.Errorf("%s imports %s", low, i)

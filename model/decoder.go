@@ -55,6 +55,12 @@ func newConfig(a *cmf.Arch, f features) (config, error) {
 	return c, nil
 }
 
+// widest is the widest activation row of a step, in floats.
+func (c *config) widest() int {
+	qkv := (c.heads + 2*c.kvHeads) * c.headDim
+	return max(c.dim, qkv, 2*c.hidden, c.vocab)
+}
+
 // seqSpec is the per-sequence state of the network: a K/V cache in every
 // layer.
 func (c *config) seqSpec() backend.SeqSpec {

@@ -100,6 +100,11 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
+	if p, ok := opt.Device.(backend.Planner); ok {
+		if err := p.Plan(weightBytes(m, &a), cfg.seqSpec(), cfg.widest()); err != nil {
+			return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
+		}
+	}
 	ld := &loader{m: m, dev: opt.Device}
 	rope, err := opt.Device.NewRope(ropeConfig(&a))
 	if err != nil {
@@ -120,6 +125,21 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 		md.batch = 64
 	}
 	return md, nil
+}
+
+// weightBytes sums the stored bytes of the network's tensors.
+func weightBytes(m *cmf.Model, a *cmf.Arch) int64 {
+	ts, err := Tensors(a)
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, t := range ts {
+		if e, _, err := m.TensorData(t.Name); err == nil {
+			n += e.Size
+		}
+	}
+	return n
 }
 
 // Device returns the device the model runs on.

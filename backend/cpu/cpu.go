@@ -89,7 +89,7 @@ type rope struct{ *kernels.Rope }
 
 // NewRope computes the frequency table.
 func (d *Device) NewRope(c backend.RopeConfig) (backend.Rope, error) {
-	r, err := kernels.NewRope(kernels.RopeConfig(c))
+	r, err := kernels.NewRope(c)
 	if err != nil {
 		return nil, err
 	}

@@ -39,7 +39,7 @@ func newBench() *cobra.Command {
 				rep.ReadBandwidth = prober.Measure(5)
 			}
 			for _, path := range args {
-				dev, err := openDevice(device, threads)
+				dev, err := openDevice(device, threads, deviceSize{seqs: 1, ctx: p + n + 1, rows: max(p, 64)})
 				if err != nil {
 					return err
 				}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cpu"
+	"github.com/cortiq/cortiq/backend/cuda"
 	"github.com/spf13/cobra"
 )
 
@@ -46,16 +47,20 @@ func parseDevice(s string) (deviceSpec, error) {
 	return deviceSpec{}, fmt.Errorf("--device %q: want auto, cpu, cuda or cuda:N", s)
 }
 
-// openCUDA opens CUDA device index with the model's scratch sized for
-// threads host workers. It returns an error wrapping backend.ErrNoDevice
-// with the reason when no usable GPU is there.
-var openCUDA = func(index, threads int) (backend.Device, error) {
-	return nil, fmt.Errorf("%w: this build has no CUDA backend yet (the driver binding and kernels are being brought up; see docs/gpu.md)", backend.ErrNoDevice)
+// deviceSize sizes a GPU's K/V pool and step scratch at open.
+type deviceSize struct {
+	seqs, ctx, rows int
+}
+
+// openCUDA opens CUDA device index. It returns an error wrapping
+// backend.ErrNoDevice with the reason when no usable GPU is there.
+var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
+	return cuda.Open(cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows})
 }
 
 // openDevice opens the device spec names. auto falls back to the CPU and
 // logs one line saying why; cuda fails instead.
-func openDevice(spec string, threads int) (backend.Device, error) {
+func openDevice(spec string, threads int, sz deviceSize) (backend.Device, error) {
 	d, err := parseDevice(spec)
 	if err != nil {
 		return nil, err
@@ -64,13 +69,13 @@ func openDevice(spec string, threads int) (backend.Device, error) {
 	case "cpu":
 		return cpu.New(threads), nil
 	case "cuda":
-		dev, err := openCUDA(d.index, threads)
+		dev, err := openCUDA(d.index, sz)
 		if err != nil {
 			return nil, fmt.Errorf("--device %s: %w", spec, err)
 		}
 		return dev, nil
 	}
-	dev, err := openCUDA(0, threads)
+	dev, err := openCUDA(0, sz)
 	if err == nil {
 		return dev, nil
 	}

@@ -23,10 +23,10 @@ func TestDeviceSelection(t *testing.T) {
 	saved := openCUDA
 	defer func() { openCUDA = saved }()
 
-	openCUDA = func(int, int) (backend.Device, error) {
+	openCUDA = func(int, deviceSize) (backend.Device, error) {
 		return nil, fmt.Errorf("%w: libcuda.so.1 not found", backend.ErrNoDevice)
 	}
-	d, err := openDevice("auto", 1)
+	d, err := openDevice("auto", 1, deviceSize{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,13 +38,13 @@ func TestDeviceSelection(t *testing.T) {
 		t.Fatalf("auto fallback logged %q, want one line with the reason", logs.String())
 	}
 	logs.Reset()
-	if _, err := openDevice("cuda", 1); err == nil || !strings.Contains(err.Error(), "libcuda.so.1 not found") {
+	if _, err := openDevice("cuda", 1, deviceSize{}); err == nil || !strings.Contains(err.Error(), "libcuda.so.1 not found") {
 		t.Fatalf("--device cuda without a GPU: %v", err)
 	}
-	if _, err := openDevice("cuda:3", 1); err == nil || !strings.Contains(err.Error(), "cuda:3") {
+	if _, err := openDevice("cuda:3", 1, deviceSize{}); err == nil || !strings.Contains(err.Error(), "cuda:3") {
 		t.Fatalf("--device cuda:3 without a GPU: %v", err)
 	}
-	d, err = openDevice("cpu", 1)
+	d, err = openDevice("cpu", 1, deviceSize{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,12 +52,12 @@ func TestDeviceSelection(t *testing.T) {
 	if logs.Len() != 0 {
 		t.Fatalf("--device cpu logged %q", logs.String())
 	}
-	openCUDA = func(int, int) (backend.Device, error) { return nil, errors.New("CUDA_ERROR_ECC_UNCORRECTABLE") }
-	if _, err := openDevice("auto", 1); err == nil || !strings.Contains(err.Error(), "ECC") {
+	openCUDA = func(int, deviceSize) (backend.Device, error) { return nil, errors.New("CUDA_ERROR_ECC_UNCORRECTABLE") }
+	if _, err := openDevice("auto", 1, deviceSize{}); err == nil || !strings.Contains(err.Error(), "ECC") {
 		t.Fatalf("auto with a broken GPU must fail, got %v", err)
 	}
 	for _, bad := range []string{"gpu", "cuda:-1", "cuda:x", ""} {
-		if _, err := openDevice(bad, 1); err == nil {
+		if _, err := openDevice(bad, 1, deviceSize{}); err == nil {
 			t.Fatalf("--device %q accepted", bad)
 		}
 	}

@@ -33,7 +33,7 @@ func (f *modelFlags) open(path string) (*engine.Engine, error) {
 	if f.ctx < 1 || f.threads < 0 || f.batch < 0 {
 		return nil, fmt.Errorf("--ctx must be ≥ 1 and --threads, --batch ≥ 0")
 	}
-	dev, err := openDevice(f.device, f.threads)
+	dev, err := openDevice(f.device, f.threads, deviceSize{seqs: 1, ctx: f.ctx, rows: max(f.batch, 64)})
 	if err != nil {
 		return nil, err
 	}
