@@ -229,6 +229,10 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	if st.err != nil {
 		return
 	}
+	if w.Gated {
+		st.fail(fmt.Errorf("cuda: gated attention (layer %d) is not implemented on the GPU yet", layer))
+		return
+	}
 	d, R, H, hd := st.d, st.rows, st.H, w.HeadDim
 	M := d.opt.MaxRows
 	nq, nkv := w.Heads, w.KVHeads
