@@ -94,6 +94,10 @@ type StateSaver interface {
 	RestoreState(state []float32, n int) error
 }
 
+// ErrUnsupported says that a device does not implement an operation or a
+// variant of one yet (the wrapped error names it).
+var ErrUnsupported = errors.New("backend: not supported by this device yet")
+
 // ErrNotRewindable says that a sequence's linear-attention state (which
 // summarises the whole prefix in a fixed size) cannot be rolled back to
 // an earlier position.

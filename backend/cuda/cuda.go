@@ -321,7 +321,7 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 		return nil, fmt.Errorf("cuda: context %d outside 1..%d (the K/V pool was sized at Open)", ctx, d.opt.Ctx)
 	}
 	if len(spec.DeltaNet) > 0 {
-		return nil, fmt.Errorf("cuda: linear-attention (Gated DeltaNet) state is not implemented on the GPU yet")
+		return nil, fmt.Errorf("cuda: linear-attention (Gated DeltaNet) state: %w", backend.ErrUnsupported)
 	}
 	if d.spec == nil {
 		if err := d.allocKV(spec); err != nil {

@@ -12,10 +12,10 @@ import (
 
 // MoE fails: not on the GPU yet.
 func (st *state) MoE(w *backend.MoE) {
-	st.fail(fmt.Errorf("cuda: the mixture-of-experts block is not implemented on the GPU yet"))
+	st.fail(fmt.Errorf("cuda: the mixture-of-experts block: %w", backend.ErrUnsupported))
 }
 
 // DeltaNet fails: not on the GPU yet.
 func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
-	st.fail(fmt.Errorf("cuda: the Gated DeltaNet block (layer %d) is not implemented on the GPU yet", layer))
+	st.fail(fmt.Errorf("cuda: the Gated DeltaNet block (layer %d): %w", layer, backend.ErrUnsupported))
 }

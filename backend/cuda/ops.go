@@ -230,7 +230,7 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		return
 	}
 	if w.Gated {
-		st.fail(fmt.Errorf("cuda: gated attention (layer %d) is not implemented on the GPU yet", layer))
+		st.fail(fmt.Errorf("cuda: gated attention (layer %d): %w", layer, backend.ErrUnsupported))
 		return
 	}
 	d, R, H, hd := st.d, st.rows, st.H, w.HeadDim
