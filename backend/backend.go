@@ -92,6 +92,11 @@ type StateSaver interface {
 	// [0, n) are kept as they are: they must still hold the tokens the
 	// state was saved after (the caller's bookkeeping).
 	RestoreState(state []float32, n int) error
+	// CopyPrefix copies the K/V rows of positions [0, n) of every
+	// attention layer from src, a sequence of the same spec on the same
+	// device, so that a state saved from src at length n can be restored
+	// here. src's rows [0, n) must not change during the call.
+	CopyPrefix(src Seq, n int) error
 }
 
 // ErrUnsupported says that a device does not implement an operation or a

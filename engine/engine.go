@@ -172,8 +172,15 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
 
-// Reset empties the session.
-func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }
+// Reset empties the session (and drops a hybrid session's snapshots:
+// its positions are about to be rewritten).
+func (s *Session) Reset() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Reset()
+	s.ids = s.ids[:0]
+}
 
 // GenOptions tune Generate.
 type GenOptions struct {

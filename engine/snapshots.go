@@ -36,6 +36,7 @@ type snapStore struct {
 
 type snapEntry struct {
 	s    *Session
+	ids  []int // the tokens the snapshot was taken after
 	snap *model.Snapshot
 	used uint64
 }
@@ -71,7 +72,7 @@ func (st *snapStore) take(s *Session) error {
 	if snap.Bytes() > st.budget {
 		return nil
 	}
-	st.entries = append(st.entries, &snapEntry{s: s, snap: snap, used: st.clock})
+	st.entries = append(st.entries, &snapEntry{s: s, ids: slices.Clone(s.ids[:n]), snap: snap, used: st.clock})
 	st.bytes += snap.Bytes()
 	for st.bytes > st.budget {
 		lru := 0
@@ -103,22 +104,56 @@ func (st *snapStore) drop(s *Session, n int) {
 	}
 }
 
-// best returns s's longest snapshot of at most n positions, or nil.
-func (st *snapStore) best(s *Session, n int) *model.Snapshot {
+// resume sets s's cache to the longest usable prefix of prompt and
+// returns its length: the cache itself when it holds exactly keep tokens
+// (the common prefix with the session's tokens), else the longest of s's
+// own snapshots within keep, or another session's snapshot of a prefix of
+// prompt (its K/V rows copied from that session's cache), else nothing
+// (the cache is reset). Everything happens under the store's lock: a
+// session drops its snapshots here before it overwrites their positions,
+// so a source's rows cannot change during the copy. s's snapshots past
+// the resume point are dropped (its positions from there on are about to
+// be rewritten).
+func (st *snapStore) resume(s *Session, prompt []int, keep int) (int, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var b *snapEntry
+	var own, other *snapEntry
 	for _, e := range st.entries {
-		if e.s == s && e.snap.Len <= n && (b == nil || e.snap.Len > b.snap.Len) {
-			b = e
+		switch n := e.snap.Len; {
+		case e.s == s:
+			if n <= keep && (own == nil || n > own.snap.Len) {
+				own = e
+			}
+		case n < len(prompt) && (other == nil || n > other.snap.Len) && slices.Equal(e.ids, prompt[:n]):
+			other = e
 		}
 	}
-	if b == nil {
-		return nil
+	at := 0
+	var err error
+	switch {
+	case keep == s.cache.Len() && (other == nil || other.snap.Len <= keep):
+		at = keep
+	case other != nil && (own == nil || other.snap.Len > own.snap.Len):
+		err, at = s.cache.RestoreFrom(other.s.cache, other.snap), other.snap.Len
+		st.clock++
+		other.used = st.clock
+	case own != nil:
+		err, at = s.cache.Restore(own.snap), own.snap.Len
+		st.clock++
+		own.used = st.clock
 	}
-	st.clock++
-	b.used = st.clock
-	return b.snap
+	if err != nil || at == 0 {
+		s.cache.Reset()
+		at = 0
+	}
+	for i := 0; i < len(st.entries); {
+		if e := st.entries[i]; e.s == s && e.snap.Len > at {
+			st.remove(i)
+			continue
+		}
+		i++
+	}
+	return at, err
 }
 
 // prefillState is Prefill for a model with linear-attention state: keep is
@@ -128,21 +163,13 @@ func (st *snapStore) best(s *Session, n int) *model.Snapshot {
 // snapshot interval, with a snapshot at each boundary and at the end.
 func (s *Session) prefillState(prompt []int, keep int) ([]float32, int, error) {
 	st := &s.e.snaps
-	// Prefilling overwrites the positions from keep on: snapshots past it
-	// no longer match the cache's K/V rows.
-	st.drop(s, keep)
-	if keep != s.cache.Len() {
-		if b := st.best(s, keep); b != nil && b.Len > 0 {
-			if err := s.cache.Restore(b); err != nil {
-				return nil, 0, err
-			}
-			keep = b.Len
-		} else {
-			s.cache.Reset()
-			keep = 0
-		}
+	keep, err := st.resume(s, prompt, keep)
+	if err != nil {
+		s.ids = s.ids[:0]
+		return nil, 0, err
 	}
-	s.ids = append(s.ids[:keep], prompt[keep:]...)
+	// The resumed prefix is prompt[:keep] in every case.
+	s.ids = append(s.ids[:0], prompt...)
 	iv := st.interval
 	marks := s.marks
 	s.marks = nil

@@ -42,7 +42,8 @@ func relDiff(a, b []float32) float64 {
 // a prefix with the session resumes from the latest snapshot inside it
 // and computes the logits a fresh prefill does; a regenerated prompt
 // resumes and reproduces its greedy reply; a continuation of the cached
-// tokens prefills only the new ones.
+// tokens prefills only the new ones; another session with a prompt
+// sharing a prefix resumes from this session's snapshots.
 func TestHybridSnapshotResume(t *testing.T) {
 	e := hybridEngine(t, engine.Options{SnapshotInterval: 8})
 	ctx := context.Background()
@@ -117,11 +118,31 @@ func TestHybridSnapshotResume(t *testing.T) {
 		t.Fatalf("continued prefill differs from a fresh one by %.3g of the RMS", d)
 	}
 
-	// A second session never resumes from the first one's snapshots.
+	// A new session with a prompt sharing a prefix resumes from the first
+	// session's snapshot inside it (K/V rows copied from its cache), and
+	// the first session goes on unaffected.
 	s2, _ := e.NewSession(256)
-	if _, keep, err := s2.Prefill(b); err != nil || keep != 0 {
-		t.Fatalf("new session reused %d (%v)", keep, err)
+	got, keep, err = s2.Prefill(b)
+	if err != nil || keep != 16 {
+		t.Fatalf("new session resumed at %d (%v), want 16 from the other session's snapshot", keep, err)
 	}
+	if d := relDiff(got, fresh(b)); d > 1e-5 {
+		t.Fatalf("prefill resumed from another session differs from a fresh one by %.3g of the RMS", d)
+	}
+	more := append(slices.Clone(s.Tokens()), 15, 16)
+	got, _, err = s.Prefill(more)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := relDiff(got, fresh(more)); d > 1e-5 {
+		t.Fatalf("the source session after the copy differs from a fresh prefill by %.3g of the RMS", d)
+	}
+	// A prompt sharing no snapshot's prefix starts from 0.
+	s3, _ := e.NewSession(256)
+	if _, keep, err := s3.Prefill([]int{3, 1, 4, 1, 5}); err != nil || keep != 0 {
+		t.Fatalf("unrelated prompt reused %d (%v)", keep, err)
+	}
+	s3.Close()
 	s.Close()
 	s2.Close()
 	if n, _ := e.SnapshotStats(); n != 0 {
@@ -154,5 +175,46 @@ func TestHybridSnapshotBudget(t *testing.T) {
 	// 26 finds none and starts over.
 	if _, keep, err := s.Prefill(append(slices.Clone(ids[:26]), 1, 2)); err != nil || keep != 0 {
 		t.Fatalf("reused %d (%v), want 0", keep, err)
+	}
+}
+
+// TestHybridSnapshotConcurrent resumes a session from another session's
+// snapshot while that session keeps decoding (run it with -race): the
+// copied rows are below the source's length, which its decode steps never
+// write, and the result equals a fresh prefill.
+func TestHybridSnapshotConcurrent(t *testing.T) {
+	e := hybridEngine(t, engine.Options{SnapshotInterval: 8})
+	a := make([]int, 30)
+	for i := range a {
+		a[i] = 20 + 3*i
+	}
+	s1, _ := e.NewSession(256)
+	if _, _, err := s1.Prefill(a); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() {
+		_, err := s1.Generate(context.Background(), append(slices.Clone(a), 5), engine.GenOptions{MaxTokens: 20, IgnoreEOS: true})
+		done <- err
+	}()
+	b := append(slices.Clone(a[:27]), 9, 9, 9)
+	s2, _ := e.NewSession(256)
+	got, keep, err := s2.Prefill(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if keep != 24 {
+		t.Fatalf("resumed at %d, want 24", keep)
+	}
+	c, _ := e.Model.NewCache(256)
+	want, err := e.Model.Forward(c, b, 0, model.LastLogits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := relDiff(got, want); d > 1e-5 {
+		t.Fatalf("differs from a fresh prefill by %.3g of the RMS", d)
 	}
 }

@@ -111,3 +111,21 @@ func (c *Cache) Restore(s *Snapshot) error {
 	}
 	return nil
 }
+
+// RestoreFrom sets the cache to a snapshot taken from another cache src of
+// the same model: it copies src's K/V rows of [0, s.Len) and restores the
+// state. src's positions below s.Len must hold the tokens the snapshot
+// was taken after and must not change during the call.
+func (c *Cache) RestoreFrom(src *Cache, s *Snapshot) error {
+	if src.m != c.m {
+		return fmt.Errorf("model: restore from a cache of another model")
+	}
+	ss, ok := c.seq.(backend.StateSaver)
+	if !ok || !c.m.HasState() {
+		return fmt.Errorf("model: %s keeps no linear-attention state to restore", c.m.Arch.ArchName)
+	}
+	if err := ss.CopyPrefix(src.seq, s.Len); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	return c.Restore(s)
+}

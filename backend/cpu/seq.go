@@ -106,6 +106,28 @@ func (c *seq) RestoreState(st []float32, n int) error {
 	return nil
 }
 
+// CopyPrefix copies src's K/V rows [0, n) into c.
+func (c *seq) CopyPrefix(src backend.Seq, n int) error {
+	s, ok := src.(*seq)
+	if !ok || len(s.k) != len(c.k) || s.spec.KVHeads != c.spec.KVHeads || s.spec.HeadDim != c.spec.HeadDim {
+		return fmt.Errorf("cpu: copy a prefix between sequences of different shapes or devices")
+	}
+	if n < 0 || n > s.ctx || n > c.ctx {
+		return fmt.Errorf("cpu: copy %d positions between contexts of %d and %d", n, s.ctx, c.ctx)
+	}
+	hd := c.spec.HeadDim
+	for l := range c.k {
+		if c.k[l] == nil || s.k[l] == nil {
+			continue
+		}
+		for h := range c.spec.KVHeads {
+			copy(c.head(l, h, false)[:n*hd], s.head(l, h, false)[:n*hd])
+			copy(c.head(l, h, true)[:n*hd], s.head(l, h, true)[:n*hd])
+		}
+	}
+	return nil
+}
+
 var _ backend.StateSaver = (*seq)(nil)
 
 // head returns layer l's keys (or values) of kv head h: (ctx, headDim).
