@@ -154,9 +154,17 @@ func TestMoEForwardMatchesPerToken(t *testing.T) {
 }
 
 // randQ8 is a q8_row matrix of random bytes (scales 0.01), made without
-// the encoder so that benchmarks can allocate hundreds of MB quickly.
-func randQ8(b testing.TB, seed *uint64, rows, cols int) *Mat {
-	data := make([]byte, rows*cols+2*rows)
+// the encoder so that benchmarks can allocate hundreds of MB quickly. Its
+// bytes are cut from *slab when it has room (matrices laid out one after
+// another, as in a model file), else allocated alone.
+func randQ8(b testing.TB, seed *uint64, rows, cols int, slab *[]byte) *Mat {
+	n := rows*cols + 2*rows
+	var data []byte
+	if len(*slab) >= n {
+		data, *slab = (*slab)[:n:n], (*slab)[(n+63)&^63:]
+	} else {
+		data = make([]byte, n)
+	}
 	for i := 0; i+8 <= rows*cols; i += 8 {
 		*seed = *seed*6364136223846793005 + 1442695040888963407
 		binary.LittleEndian.PutUint64(data[i:], *seed)
@@ -186,11 +194,13 @@ func BenchmarkMoEDecodeBandwidthShare(b *testing.B) {
 	p := NewPool(0)
 	defer p.Close()
 	seed := uint64(3)
+	// One slab for all layers, as the weights of a model file are.
+	slab := make([]byte, layers*(E*3*(inter*dim+2*max(inter, dim)+64)+E*dim+2*E+64))
 	moes := make([]*MoE, layers)
 	for l := range moes {
-		m := &MoE{Router: randQ8(b, &seed, E, dim), TopK: k, Renorm: true, Experts: make([]Expert, E)}
+		m := &MoE{Router: randQ8(b, &seed, E, dim, &slab), TopK: k, Renorm: true, Experts: make([]Expert, E)}
 		for e := range m.Experts {
-			m.Experts[e] = Expert{randQ8(b, &seed, inter, dim), randQ8(b, &seed, inter, dim), randQ8(b, &seed, dim, inter)}
+			m.Experts[e] = Expert{randQ8(b, &seed, inter, dim, &slab), randQ8(b, &seed, inter, dim, &slab), randQ8(b, &seed, dim, inter, &slab)}
 		}
 		moes[l] = m
 	}
