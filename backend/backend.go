@@ -309,6 +309,20 @@ type Planner interface {
 	Plan(weightBytes int64, spec SeqSpec, widest int) error
 }
 
+// Releaser is a device whose sequences hold pooled resources (a GPU's
+// K/V slots) that Release returns; on other devices a sequence is simply
+// dropped.
+type Releaser interface {
+	Release(s Seq)
+}
+
+// Release returns s's resources to dev when dev pools them.
+func Release(dev Device, s Seq) {
+	if r, ok := dev.(Releaser); ok {
+		r.Release(s)
+	}
+}
+
 // ErrNoDevice says that a requested device is not present or cannot be
 // used; the wrapped error says why.
 var ErrNoDevice = errors.New("backend: no such device")

@@ -50,7 +50,18 @@ func convertCalibrated(t *testing.T, src string, q quant.DType, c *Calibrate) (*
 // temporary file left beside it and still runs.
 func TestCalibrateRoundTrip(t *testing.T) {
 	c := &Calibrate{Text: calibText, Tokens: 384, Ctx: 64}
+	var reports [][2]int64
+	c.Progress = func(done, total int64) { reports = append(reports, [2]int64{done, total}) }
 	m, out := convertCalibrated(t, calibFixture, quant.Q4TP, c)
+	// Progress: tokens run after each of the 6 sequences of 64, per pass.
+	if len(reports) < 6 || len(reports)%6 != 0 {
+		t.Fatalf("progress reports %v", reports)
+	}
+	for i, r := range reports {
+		if r != [2]int64{int64(64 * (i%6 + 1)), 384} {
+			t.Fatalf("progress report %d: %v, want %d of 384", i, r, 64*(i%6+1))
+		}
+	}
 	cal := m.Header.Calibration
 	if cal == nil {
 		t.Fatal("no calibration section")

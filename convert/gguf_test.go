@@ -420,7 +420,9 @@ func TestGGUFRopeFreqs(t *testing.T) {
 	for i := range want {
 		worst = max(worst, math.Abs(float64(got[i]-want[i]))/rms)
 	}
-	if worst > 1e-5 {
+	t.Logf("GGUF (rope_freqs) vs HF (llama3): max |Δlogit|/rms %.2e", worst)
+	// Measured 1.91e-7 with every kernel set (-args -isa=...): allowed 3×.
+	if worst > 6e-7 {
 		t.Fatalf("GGUF (rope_freqs) logits differ from HF (llama3) by %.2e of RMS", worst)
 	}
 }

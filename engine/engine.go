@@ -172,6 +172,16 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
 
+// Close drops a hybrid session's snapshots from the engine's store and
+// returns the session's state to the device; the session must not be used
+// after.
+func (s *Session) Close() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Close()
+}
+
 // Reset empties the session (and drops a hybrid session's snapshots:
 // its positions are about to be rewritten).
 func (s *Session) Reset() {

@@ -217,12 +217,6 @@ func (s *Session) SnapshotAt(n int) {
 	}
 }
 
-// Close drops the session's snapshots from the engine's store; the
-// session must not be used afterwards.
-func (s *Session) Close() {
-	s.e.snaps.drop(s, -1)
-}
-
 var errNoSnapshots = errors.New("engine: the model keeps no linear-attention state")
 
 // Snapshot takes a snapshot of a hybrid session at its current length

@@ -26,6 +26,28 @@ type Cache struct {
 // (what NewCache allocates on the device).
 func (m *Model) CacheBytes(ctxLen int) int64 { return m.spec.KVBytes(ctxLen) + m.spec.StateBytes() }
 
+// SessionBytes returns what a session of ctxLen positions allocates: the
+// sequence's state (CacheBytes) and, on the CPU, the run state of one
+// prefill step (min(Batch, ctxLen) rows), the attention scores of every
+// worker and the logits row. Callers compare it with the memory available
+// before allocating.
+func (m *Model) SessionBytes(ctxLen int) int64 {
+	c := &m.cfg
+	B := int64(min(m.batch, ctxLen))
+	qd, kvd := int64(c.heads*c.headDim), int64(c.kvHeads*c.headDim)
+	h2 := int64(float64(c.headDim)*max(m.Arch.PartialRotaryFactor, 0)) / 2
+	if m.Arch.PartialRotaryFactor == 0 {
+		h2 = int64(c.headDim) / 2
+	}
+	workers := int64(1)
+	if t, ok := m.dev.(interface{ Threads() int }); ok {
+		workers = int64(t.Threads())
+	}
+	state := B*(3*int64(c.dim)+2*qd+2*kvd+2*int64(c.hidden)+2*h2) + h2
+	scores := workers * int64(ctxLen)
+	return m.CacheBytes(ctxLen) + 4*(state+scores+int64(c.vocab))
+}
+
 // NewCache allocates the state of one sequence of up to ctxLen positions.
 // A context longer than max_position_embeddings is allowed (the caller
 // decides); Forward refuses prompts longer than ctxLen.
@@ -37,6 +59,15 @@ func (m *Model) NewCache(ctxLen int) (*Cache, error) {
 	c := &Cache{m: m, seq: s, logits: make([]float32, m.cfg.vocab)}
 	c.seqs[0] = s
 	return c, nil
+}
+
+// Close returns the cache's state to the device (a GPU's K/V slot); the
+// cache must not be used after.
+func (c *Cache) Close() {
+	if c.seq != nil {
+		backend.Release(c.m.dev, c.seq)
+		c.seq = nil
+	}
 }
 
 // Bytes returns the memory of the cache's state.

@@ -289,6 +289,11 @@ func Run(dev backend.Device, c Case, sched []Step, seed uint64) ([]float32, erro
 		return nil, err
 	}
 	seqs := map[int]backend.Seq{}
+	defer func() {
+		for _, s := range seqs {
+			backend.Release(dev, s)
+		}
+	}()
 	tok := rand.New(rand.NewPCG(seed, 3))
 	var out []float32
 	for si, st := range sched {

@@ -38,8 +38,11 @@ type Options struct {
 	// weights planned by Plan.
 	Progress func(done, total int64)
 	// Eager synchronises after every op (debugging: an error is reported
-	// by the op that caused it).
+	// by the op that caused it) and never replays graphs.
 	Eager bool
+	// Graphs records each decode shape (rows, logits kind) as a CUDA graph
+	// after its first eager step and replays it from then on.
+	Graphs bool
 }
 
 // Device is one GPU.
@@ -61,7 +64,9 @@ type Device struct {
 	kc, vc []driver.DevicePtr
 	free   []int // free K/V slots
 
-	st *state
+	st      *state
+	graphs  map[graphKey]graph
+	replays int
 }
 
 // stageBytes is the pinned staging buffer used for uploads and per-step
@@ -390,6 +395,7 @@ func (d *Device) Release(s backend.Seq) {
 }
 
 var (
-	_ backend.Device  = (*Device)(nil)
-	_ backend.Planner = (*Device)(nil)
+	_ backend.Device   = (*Device)(nil)
+	_ backend.Planner  = (*Device)(nil)
+	_ backend.Releaser = (*Device)(nil)
 )

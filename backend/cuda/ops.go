@@ -25,6 +25,27 @@ type state struct {
 	bufs map[string]devBuf
 	in   driver.DevicePtr // ids | pos | slot, int32 [MaxRows] each
 	H    int              // residual width (set by Embed)
+
+	out       driver.DevicePtr // the step's logits (set by Head)
+	outN      int              // floats of them
+	capturing bool             // recording a graph: no syncs, no allocations
+	dynamic   bool             // the step used dynamic RoPE (never captured)
+}
+
+// graphKey identifies the steps one captured graph serves: decode steps
+// (one token per sequence) of the same number of rows and logits kind.
+// Everything that varies between such steps (ids, positions, slots) is
+// read by the kernels from the staged inputs.
+type graphKey struct {
+	rows   int
+	logits backend.Logits
+}
+
+type graph struct {
+	exec driver.GraphExec
+	H    int
+	out  driver.DevicePtr
+	outN int
 }
 
 type devBuf struct {
@@ -45,6 +66,10 @@ func (st *state) buf(name string, n int64) driver.DevicePtr {
 	}
 	if b, ok := st.bufs[name]; ok && b.n >= n {
 		return b.p
+	}
+	if st.capturing {
+		st.fail(fmt.Errorf("cuda: scratch %s would grow while recording a graph", name))
+		return 0
 	}
 	if b, ok := st.bufs[name]; ok {
 		if err := st.c.Free(b.p); err != nil {
@@ -81,7 +106,7 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 		st.fail(err)
 		return
 	}
-	if st.d.opt.Eager {
+	if st.d.opt.Eager && !st.capturing {
 		if err := st.c.StreamSync(st.d.strm); err != nil {
 			st.fail(fmt.Errorf("cuda: %s: %w", name, err))
 		}
@@ -145,9 +170,32 @@ func (d *Device) Run(b *backend.Batch, step func(backend.Ops)) error {
 		if err := c.HtoDAsync(st.in, d.stage, 0, 12*M, d.strm); err != nil {
 			return err
 		}
-		step(st)
-		if st.err != nil {
-			return st.err
+		key, decode := graphKey{rows: rows, logits: b.Logits}, rows == len(b.Seqs)
+		if g, ok := d.graphs[key]; ok && decode && !d.opt.Eager {
+			// Replay: the whole step is one launch.
+			st.H, st.out, st.outN = g.H, g.out, g.outN
+			if err := c.GraphLaunch(g.exec, d.strm); err != nil {
+				return err
+			}
+			d.replays++
+		} else {
+			st.dynamic, st.outN = false, 0
+			step(st)
+			if st.err != nil {
+				return st.err
+			}
+			if decode && d.opt.Graphs && !st.dynamic {
+				// The step ran eagerly once with these shapes (its scratch
+				// is sized); record it for the next steps of this shape.
+				if err := d.capture(c, st, key, step); err != nil {
+					return err
+				}
+			}
+		}
+		if st.outN > 0 {
+			if err := st.copyLogits(); err != nil {
+				return err
+			}
 		}
 		return c.StreamSync(d.strm)
 	})
@@ -159,6 +207,43 @@ func (d *Device) Run(b *backend.Batch, step func(backend.Ops)) error {
 	}
 	return nil
 }
+
+// capture records step on the device's stream as a graph for key.
+func (d *Device) capture(c *driver.Ctx, st *state, key graphKey, step func(backend.Ops)) error {
+	// The eager step must finish before recording starts on its stream.
+	if err := c.StreamSync(d.strm); err != nil {
+		return err
+	}
+	if err := c.BeginCapture(d.strm, driver.CaptureThreadLocal); err != nil {
+		return err
+	}
+	st.capturing = true
+	step(st)
+	st.capturing = false
+	g, err := c.EndCapture(d.strm)
+	if st.err != nil {
+		if err == nil {
+			c.DestroyGraph(g)
+		}
+		return st.err
+	}
+	if err != nil {
+		return err
+	}
+	exec, err := c.Instantiate(g)
+	c.DestroyGraph(g)
+	if err != nil {
+		return err
+	}
+	if d.graphs == nil {
+		d.graphs = map[graphKey]graph{}
+	}
+	d.graphs[key] = graph{exec: exec, H: st.H, out: st.out, outN: st.outN}
+	return nil
+}
+
+// Replays returns how many steps ran as a replayed graph.
+func (d *Device) Replays() int { return d.replays }
 
 func (st *state) ids() driver.DevicePtr  { return st.in }
 func (st *state) pos() driver.DevicePtr  { return st.in.Add(int64(4 * st.d.opt.MaxRows)) }
@@ -201,8 +286,9 @@ func b2i(b bool) int {
 	return 0
 }
 
-// mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows, in
-// launches of at most 8 rows (the kernels' batch).
+// mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows: the
+// batched matvec up to 8 rows (each weight read once for all rows), the
+// tensor-core GEMM above that for quantized weights (prefill chunks).
 func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy int, bias driver.DevicePtr, accumulate bool, rows int) {
 	f, err := kernelFormat(m.dt)
 	if err != nil {
@@ -215,6 +301,14 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.a().Ptr(m.p).I64(m.colOff).Int(m.cols).Ptr(x).Int(ldx).Ptr(xs).Int(m.cols)
 		st.launch("q82f_prescale", driver.D2((m.cols+255)/256, rows), driver.D1(256), 0)
 		x, ldx = xs, m.cols
+	}
+	if rows > 8 && m.dt != quant.F32 && m.dt != quant.F16 && m.dt != quant.BF16 {
+		// Prefill over quantized weights: the tensor-core GEMM (bf16
+		// activations, exact int8 weights, f32 accumulation: within the
+		// formats' own error). Float weights keep the exact f32 matvec.
+		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
+		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
+		return
 	}
 	for r0 := 0; r0 < rows; r0 += 8 {
 		R := min(8, rows-r0)
@@ -244,6 +338,7 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	att := st.buf("att", int64(M*qd*4))
 	r := w.Rope.(*ropeTab)
 	if r.t.Dynamic() {
+		st.dynamic = true
 		st.dynamicRope(r)
 	}
 	// xb = input_layernorm(x); q|k|v = W·xb (+ bias), side by side per row.
@@ -351,21 +446,25 @@ func (st *state) Head(w *backend.Head) {
 	logits := st.buf("logits", int64(n*V*4))
 	st.rmsnorm(src, xb, n, H, &w.Norm)
 	st.mv(w.W.(*mat), xb, H, logits, V, 0, false, n)
-	// Back through the pinned stage, in pieces that fit it.
-	out := b.Out[:n*V]
-	for off := 0; off < len(out) && st.err == nil; off += stageBytes / 4 {
+	st.out, st.outN = logits, n*V
+}
+
+// copyLogits brings the step's logits back through the pinned stage, in
+// pieces that fit it, into b.Out.
+func (st *state) copyLogits() error {
+	out := st.b.Out[:st.outN]
+	for off := 0; off < len(out); off += stageBytes / 4 {
 		k := min(stageBytes/4, len(out)-off)
-		if err := st.c.DtoHAsync(st.d.stage, 0, logits.Add(int64(4*off)), 4*k, st.d.strm); err != nil {
-			st.fail(err)
-			return
+		if err := st.c.DtoHAsync(st.d.stage, 0, st.out.Add(int64(4*off)), 4*k, st.d.strm); err != nil {
+			return err
 		}
 		if err := st.c.StreamSync(st.d.strm); err != nil {
-			st.fail(err)
-			return
+			return err
 		}
 		sb := st.d.stage.Bytes()
 		for i := range k {
 			out[off+i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
 		}
 	}
+	return nil
 }

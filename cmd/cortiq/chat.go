@@ -27,23 +27,29 @@ func newChat() *cobra.Command {
 		Long: `Chat with a model: one line of input is one user turn. Commands: /reset clears the conversation,
 /system TEXT sets the system prompt, /exit quits. The conversation is re-rendered with the model's
 chat template every turn; the KV cache keeps the longest common prefix, so only new tokens are processed.`,
-		Args: cobra.ExactArgs(1),
+		Args: modelArgs(&mf.path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e, err := mf.open(args[0])
+			path, _ := splitModel(mf.path, args)
+			e, err := mf.open(cmd, path)
 			if err != nil {
 				return err
 			}
 			defer e.Close()
 			if !e.HasTemplate() {
-				return fmt.Errorf("chat: %s has no chat template; use cortiq run --raw", args[0])
+				return fmt.Errorf("chat: %s has no chat template; use cortiq run --raw", path)
 			}
-			s, err := e.NewSession(mf.ctxLen(e))
+			ctx := mf.ctxLen(e)
+			if cmd.Flags().Changed("max-tokens") && sf.n >= ctx {
+				return fmt.Errorf("chat: -n %d does not fit: a reply must leave room for the prompt in the %d-token context (raise --ctx or lower -n)", sf.n, ctx)
+			}
+			s, err := session(e, ctx, noExtra)
 			if err != nil {
 				return err
 			}
+			p := sf.params()
 			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			fmt.Fprintf(errOut, "cortiq chat: %s (%s), context %d tokens, KV cache %.1f MiB. /exit to quit.\n",
-				args[0], e.File.Header.Arch.ArchName, s.Cache().Cap(), float64(s.Cache().Bytes())/(1<<20))
+				path, e.File.Header.Arch.ArchName, s.Cache().Cap(), float64(s.Cache().Bytes())/(1<<20))
 			var msgs []chat.Message
 			reset := func() {
 				msgs = msgs[:0]
@@ -94,7 +100,8 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 				turn, stopTurn := context.WithCancel(cmd.Context())
 				hook := func() bool { stopTurn(); return true }
 				interruptHook.Store(&hook)
-				res, err := s.Generate(turn, prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
+				p.Seed++ // each turn its own draws, all from the one seed
+				res, err := s.Generate(turn, prompt, engine.GenOptions{MaxTokens: sf.n, Sample: p, Stop: sf.stops,
 					OnText: func(t string) error { _, err := fmt.Fprint(out, t); return err }})
 				interruptHook.Store(nil)
 				interrupted := turn.Err() != nil && cmd.Context().Err() == nil
@@ -124,7 +131,7 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 		},
 	}
 	mf.add(c)
-	sf.add(c, 0.7)
+	sf.add(c)
 	c.Flags().StringVar(&system, "system", "", "system prompt")
 	c.Flags().BoolVar(&noThink, "no-think", false, "enable_thinking=false for templates that support it (Qwen3)")
 	return c
