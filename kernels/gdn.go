@@ -86,6 +86,18 @@ type GDNScratch struct {
 	y                 []float32 // (T, dim)
 	run               DeltaRun
 	jobs              []MatVecJob
+	// Observe, when set, is called with each matrix and the rows×cols
+	// inputs it multiplies, before the product (calibration).
+	Observe func(m *Mat, x []float32, rows, cols int)
+}
+
+func (s *GDNScratch) see(x []float32, rows int, ms ...*Mat) {
+	if s.Observe == nil {
+		return
+	}
+	for _, m := range ms {
+		s.Observe(m, x[:rows*m.Cols], rows, m.Cols)
+	}
 }
 
 // Forward adds the mixer's output for T rows of x (T, dim: the normed
@@ -104,6 +116,7 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 		per := 2*dk + 2*r*dv
 		s.proj = grow(s.proj, T*(2*kd+2*vd+2*nv))
 		qkvz, ba := s.proj[:T*(2*kd+2*vd)], s.proj[T*(2*kd+2*vd):]
+		s.see(x, T, g.QKVZ, g.BA)
 		if T == 1 {
 			s.jobs = append(s.jobs[:0], MatVecJob{g.QKVZ, x, qkvz}, MatVecJob{g.BA, x, ba})
 			p.MatVecs(s.jobs)
@@ -125,6 +138,7 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 			}
 		}
 	} else {
+		s.see(x, T, g.QKV, g.Z, g.B, g.A)
 		if T == 1 {
 			s.jobs = append(s.jobs[:0], MatVecJob{g.QKV, x, s.mixed}, MatVecJob{g.Z, x, s.z}, MatVecJob{g.B, x, s.b}, MatVecJob{g.A, x, s.a})
 			p.MatVecs(s.jobs)
@@ -167,6 +181,7 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 		GatedRMSNorm(s.o[i:i+dv], s.z[i:i+dv], g.Norm, g.Eps)
 	}
 	s.y = grow(s.y, T*dim)
+	s.see(s.o, T, g.Out)
 	p.MatMul(g.Out, s.o, T, s.y)
 	Add(out[:T*dim], s.y)
 }

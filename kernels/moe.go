@@ -99,6 +99,15 @@ type MoEScratch struct {
 	// Bytes is the expert weight bytes the last call read (selected
 	// experts once each, plus the shared expert).
 	Bytes int64
+	// Observe, when set, is called with each matrix and the rows×cols
+	// inputs it multiplies, before the product (calibration).
+	Observe func(m *Mat, x []float32, rows, cols int)
+}
+
+func (s *MoEScratch) see(m *Mat, x []float32, rows int) {
+	if s.Observe != nil {
+		s.Observe(m, x[:rows*m.Cols], rows, m.Cols)
+	}
 }
 
 func grow(b []float32, n int) []float32 {
@@ -120,6 +129,7 @@ func MoEForward(p *Pool, m *MoE, x []float32, T int, out []float32, s *MoEScratc
 		s.idx = make([]int, T*k)
 	}
 	s.idx = s.idx[:T*k]
+	s.see(m.Router, x, T)
 	p.MatMul(m.Router, x[:T*dim], T, s.logits)
 	if T == 1 {
 		s.decode(p, m, x[:dim], out[:dim])
@@ -160,6 +170,7 @@ func MoEForward(p *Pool, m *MoE, x []float32, T int, out []float32, s *MoEScratc
 		copy(s.x, x[:T*dim])
 		s.expert(p, m.Shared, T, dim)
 		s.sg = grow(s.sg, T)
+		s.see(m.SharedGate, x, T)
 		p.MatMul(m.SharedGate, x[:T*dim], T, s.sg)
 		for t := range T {
 			g := 1 / (1 + Exp(-s.sg[t]))
@@ -193,9 +204,12 @@ func (s *MoEScratch) decode(p *Pool, m *MoE, x, out []float32) {
 	jobs := s.jobs[:0]
 	for j, e := range ex {
 		jobs = append(jobs, MatVecJob{e.Gate, x, s.g[j*I:]}, MatVecJob{e.Up, x, s.u[j*I:]})
+		s.see(e.Gate, x, 1)
+		s.see(e.Up, x, 1)
 	}
 	if m.Shared != nil {
 		jobs = append(jobs, MatVecJob{m.SharedGate, x, s.sg})
+		s.see(m.SharedGate, x, 1)
 	}
 	p.MatVecs(jobs)
 	jobs = jobs[:0]
@@ -203,6 +217,7 @@ func (s *MoEScratch) decode(p *Pool, m *MoE, x, out []float32) {
 		Ie := e.Gate.Rows
 		SiLUMul(s.g[j*I:j*I+Ie], s.u[j*I:j*I+Ie])
 		jobs = append(jobs, MatVecJob{e.Down, s.g[j*I : j*I+Ie], s.y[j*dim:]})
+		s.see(e.Down, s.g[j*I:], 1)
 	}
 	p.MatVecs(jobs)
 	s.jobs, s.ex = jobs[:0], ex[:0]
@@ -221,8 +236,11 @@ func (s *MoEScratch) decode(p *Pool, m *MoE, x, out []float32) {
 func (s *MoEScratch) expert(p *Pool, ex *Expert, n, dim int) {
 	I := ex.Gate.Rows
 	s.g, s.u, s.y = grow(s.g, n*I), grow(s.u, n*I), grow(s.y, n*dim)
+	s.see(ex.Gate, s.x, n)
+	s.see(ex.Up, s.x, n)
 	p.MatMul(ex.Gate, s.x[:n*dim], n, s.g)
 	p.MatMul(ex.Up, s.x[:n*dim], n, s.u)
 	SiLUMul(s.g, s.u)
+	s.see(ex.Down, s.g, n)
 	p.MatMul(ex.Down, s.g, n, s.y)
 }

@@ -22,9 +22,41 @@ type hybridState struct {
 // the device keeps the entries, and with them the weight structs, until it
 // is closed: one device per loaded model, as engine.Open does).
 type blocks struct {
-	mu  sync.Mutex
-	moe map[*backend.MoE]*kernels.MoE
-	gdn map[*backend.DeltaNet]*kernels.GDN
+	mu    sync.Mutex
+	moe   map[*backend.MoE]*kernels.MoE
+	gdn   map[*backend.DeltaNet]*kernels.GDN
+	names map[*kernels.Mat]string // tensor names, for the observer
+}
+
+// view returns m's kernel matrix and records its name; the caller holds b.mu.
+func (b *blocks) view(m backend.Mat) *kernels.Mat {
+	if m == nil {
+		return nil
+	}
+	cm := matOf(m)
+	if b.names == nil {
+		b.names = map[*kernels.Mat]string{}
+	}
+	b.names[cm.Mat] = cm.name
+	return cm.Mat
+}
+
+func (b *blocks) name(m *kernels.Mat) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.names[m]
+}
+
+// observer returns the kernels' observation hook reporting to the
+// device's observer under the tensors' names, or nil without one.
+func (st *state) observer() func(m *kernels.Mat, x []float32, rows, cols int) {
+	obs := st.dev.obs
+	if obs == nil {
+		return nil
+	}
+	return func(m *kernels.Mat, x []float32, rows, cols int) {
+		obs.Observe(st.dev.blocks.name(m), x, rows, cols)
+	}
 }
 
 func (b *blocks) moeOf(w *backend.MoE) (*kernels.MoE, error) {
@@ -33,13 +65,13 @@ func (b *blocks) moeOf(w *backend.MoE) (*kernels.MoE, error) {
 	if m, ok := b.moe[w]; ok {
 		return m, nil
 	}
-	m := &kernels.MoE{Router: matOf(w.Router).Mat, TopK: w.TopK, Renorm: w.Renorm, Experts: make([]kernels.Expert, len(w.Experts))}
+	m := &kernels.MoE{Router: b.view(w.Router), TopK: w.TopK, Renorm: w.Renorm, Experts: make([]kernels.Expert, len(w.Experts))}
 	for e, x := range w.Experts {
-		m.Experts[e] = kernels.Expert{Gate: matOf(x.Gate).Mat, Up: matOf(x.Up).Mat, Down: matOf(x.Down).Mat}
+		m.Experts[e] = kernels.Expert{Gate: b.view(x.Gate), Up: b.view(x.Up), Down: b.view(x.Down)}
 	}
 	if w.Shared != nil {
-		m.Shared = &kernels.Expert{Gate: matOf(w.Shared.Gate).Mat, Up: matOf(w.Shared.Up).Mat, Down: matOf(w.Shared.Down).Mat}
-		m.SharedGate = matOf(w.SharedGate).Mat
+		m.Shared = &kernels.Expert{Gate: b.view(w.Shared.Gate), Up: b.view(w.Shared.Up), Down: b.view(w.Shared.Down)}
+		m.SharedGate = b.view(w.SharedGate)
 	}
 	if err := m.Check(m.Router.Cols); err != nil {
 		return nil, err
@@ -51,13 +83,6 @@ func (b *blocks) moeOf(w *backend.MoE) (*kernels.MoE, error) {
 	return m, nil
 }
 
-func optMat(m backend.Mat) *kernels.Mat {
-	if m == nil {
-		return nil
-	}
-	return matOf(m).Mat
-}
-
 func (b *blocks) gdnOf(w *backend.DeltaNet, dim int) (*kernels.GDN, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -67,8 +92,8 @@ func (b *blocks) gdnOf(w *backend.DeltaNet, dim int) (*kernels.GDN, error) {
 	s := w.Shape
 	g := &kernels.GDN{
 		Rule: kernels.DeltaRule{KeyHeads: s.KeyHeads, ValueHeads: s.ValueHeads, KeyDim: s.KeyDim, ValueDim: s.ValueDim},
-		Conv: s.ConvKernel, QKVZ: optMat(w.QKVZ), BA: optMat(w.BA), QKV: optMat(w.QKV), Z: optMat(w.Z), B: optMat(w.B), A: optMat(w.A),
-		ConvW: vecOf(w.Conv), ALog: vecOf(w.ALog), DtBias: vecOf(w.DtBias), Norm: vecOf(w.GateNorm.W), Out: optMat(w.Out), Eps: w.GateNorm.Eps,
+		Conv: s.ConvKernel, QKVZ: b.view(w.QKVZ), BA: b.view(w.BA), QKV: b.view(w.QKV), Z: b.view(w.Z), B: b.view(w.B), A: b.view(w.A),
+		ConvW: vecOf(w.Conv), ALog: vecOf(w.ALog), DtBias: vecOf(w.DtBias), Norm: vecOf(w.GateNorm.W), Out: b.view(w.Out), Eps: w.GateNorm.Eps,
 	}
 	if err := g.Check(dim); err != nil {
 		return nil, err
@@ -96,6 +121,7 @@ func (st *state) MoE(w *backend.MoE) {
 	x, xb := st.x[:T*H], grow(&st.xb, T*H)
 	// xb = post_attention_layernorm(x); x += moe(xb)
 	norm(xb, x, &w.Norm)
+	st.hy.moe.Observe = st.observer()
 	kernels.MoEForward(st.dev.pool, m, xb, T, x, &st.hy.moe)
 }
 
@@ -115,6 +141,7 @@ func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
 	x, xb := st.x[:T*H], grow(&st.xb, T*H)
 	// xb = input_layernorm(x)
 	norm(xb, x, &w.Norm)
+	st.hy.gdn.Observe = st.observer()
 	r := 0
 	for i, toks := range st.b.Tokens {
 		c := st.b.Seqs[i].(*seq)
