@@ -29,6 +29,12 @@ type Options struct {
 	// NoVerify skips hashing the weights at open (see cmf.OpenOptions);
 	// by default they are verified once per file identity.
 	NoVerify bool
+	// Hybrid models (snapshots.go): a snapshot of the linear-attention
+	// state every SnapshotInterval prefill tokens (0: 256, < 0: only at
+	// the end of prompts and replies), kept in an LRU of SnapshotBudget
+	// bytes (0: 1 GiB).
+	SnapshotInterval int
+	SnapshotBudget   int64
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -41,6 +47,7 @@ type Engine struct {
 
 	dev    backend.Device
 	ownDev bool
+	snaps  snapStore
 }
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
@@ -65,6 +72,13 @@ func Open(path string, opt Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{File: f, Model: m, dev: dev, ownDev: own}
+	e.snaps.interval, e.snaps.budget = opt.SnapshotInterval, opt.SnapshotBudget
+	if e.snaps.interval == 0 {
+		e.snaps.interval = DefaultSnapshotInterval
+	}
+	if e.snaps.budget <= 0 {
+		e.snaps.budget = DefaultSnapshotBudget
+	}
 	if tc := f.Header.TokenizerConfig; tc != nil {
 		if e.Tok, err = LoadTokenizer(f); err != nil {
 			e.Close()
@@ -156,6 +170,7 @@ type Session struct {
 	e     *Engine
 	cache *model.Cache
 	ids   []int
+	marks []int // hybrid models: extra snapshot positions of the next Prefill
 }
 
 // NewSession allocates a cache for ctxLen tokens.
@@ -173,12 +188,25 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
 
-// Close returns the session's state to the device; the session must not
-// be used after.
-func (s *Session) Close() { s.cache.Close() }
+// Close drops a hybrid session's snapshots from the engine's store and
+// returns the session's state to the device; the session must not be used
+// after.
+func (s *Session) Close() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Close()
+}
 
-// Reset empties the session.
-func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }
+// Reset empties the session (and drops a hybrid session's snapshots:
+// its positions are about to be rewritten).
+func (s *Session) Reset() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Reset()
+	s.ids = s.ids[:0]
+}
 
 // GenOptions tune Generate.
 type GenOptions struct {
@@ -228,6 +256,10 @@ func (s *Session) Prefill(prompt []int) ([]float32, int, error) {
 	for keep < len(s.ids) && keep < len(prompt)-1 && s.ids[keep] == prompt[keep] {
 		keep++
 	}
+	if s.e.Model.HasState() {
+		// Hybrid: resume from a snapshot inside the common prefix.
+		return s.prefillState(prompt, keep)
+	}
 	if err := s.cache.Truncate(keep); err != nil {
 		return nil, 0, err
 	}
@@ -251,6 +283,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 	}
 	res.CachedTokens = keep
 	res.PrefillTime = time.Since(t0)
+	if s.e.Model.HasState() {
+		// The end of the reply is the next turn's most likely resume point.
+		defer func() {
+			if err := s.e.snaps.take(s); err != nil {
+				slog.Warn("snapshot at the end of a reply failed", "err", err)
+			}
+		}()
+	}
 	sm, err := sample.New(opt.Sample)
 	if err != nil {
 		return nil, err

@@ -340,24 +340,3 @@ func margin(v []float32) float64 {
 	}
 	return float64(v[a]) - second
 }
-
-// TestFixturesNotRunnable checks that the fixtures of architectures the
-// CPU decoder does not run yet convert but are refused by name.
-func TestFixturesNotRunnable(t *testing.T) {
-	for _, name := range []string{"qwen3_moe_f32", "qwen3_next_f32", "qwen3_5_f32", "qwen3_5_moe_f32"} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := os.Stat(filepath.Join(fixtureDir, name, "config.json")); err != nil {
-				t.Skipf("fixture %s not present", name)
-			}
-			cm := convertHF(t, filepath.Join(fixtureDir, name), quant.F32)
-			m, err := model.Load(cm, opts(t, 1, 0))
-			if err == nil {
-				m.Close()
-				t.Fatal("loaded")
-			}
-			if !strings.Contains(err.Error(), cm.Header.Arch.ArchName) || !strings.Contains(err.Error(), "not runnable on CPU yet") {
-				t.Fatalf("error %q does not name the architecture", err)
-			}
-		})
-	}
-}

@@ -513,7 +513,7 @@ func TestLoadRejects(t *testing.T) {
 			}
 		}},
 		{"qk norm flag", "qk_norm", func(h *cmf.Header, s *[]cmf.TensorSpec, d map[string][]byte) { h.Arch.QKNorm = false }},
-		{"moe arch", `"qwen3_moe" is not runnable on CPU yet`, func(h *cmf.Header, s *[]cmf.TensorSpec, d map[string][]byte) {
+		{"moe arch without moe section", `qwen3_moe needs the header's moe section`, func(h *cmf.Header, s *[]cmf.TensorSpec, d map[string][]byte) {
 			h.Arch.ArchName = "qwen3_moe"
 		}},
 		{"unknown arch", `unknown architecture "gpt2"`, func(h *cmf.Header, s *[]cmf.TensorSpec, d map[string][]byte) { h.Arch.ArchName = "gpt2" }},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -92,6 +93,9 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					msgs = msgs[:len(msgs)-1]
 					continue
 				}
+				if e.Model.HasState() {
+					markHistory(e, s, msgs, opt, prompt)
+				}
 				// Ctrl-C while the reply streams stops the reply, not the chat.
 				turn, stopTurn := context.WithCancel(cmd.Context())
 				hook := func() bool { stopTurn(); return true }
@@ -115,8 +119,13 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					return err
 				}
 				fmt.Fprintln(out)
-				fmt.Fprintf(errOut, "[%d prompt tokens, %d reused from cache; prefill %.1f tok/s, decode %.2f tok/s; %s]\n",
-					res.PromptTokens, res.CachedTokens, res.PrefillRate(), res.DecodeRate(), res.Reason)
+				snaps := ""
+				if e.Model.HasState() {
+					n, b := e.SnapshotStats()
+					snaps = fmt.Sprintf("; %d state snapshots, %.1f MiB", n, float64(b)/(1<<20))
+				}
+				fmt.Fprintf(errOut, "[%d prompt tokens, %d reused from cache; prefill %.1f tok/s, decode %.2f tok/s; %s%s]\n",
+					res.PromptTokens, res.CachedTokens, res.PrefillRate(), res.DecodeRate(), res.Reason, snaps)
 				msgs = append(msgs, chat.Message{Role: "assistant", Content: res.Text})
 			}
 		},
@@ -159,4 +168,22 @@ func fitPrompt(e *engine.Engine, msgs *[]chat.Message, opt chat.Options, budget 
 		fmt.Fprintf(errOut, "[context full: dropping the oldest exchange (%d messages) from the conversation]\n", end-first)
 		*msgs = append((*msgs)[:first], (*msgs)[end:]...)
 	}
+}
+
+// markHistory asks a hybrid session to snapshot its state where the
+// conversation's messages end (the prompt without the generation prompt):
+// the next turn's prompt shares that prefix even when the template
+// rewrites the assistant turn after it (Qwen3 drops past think blocks), so
+// the next turn resumes there instead of prefilling everything.
+func markHistory(e *engine.Engine, s *engine.Session, msgs []chat.Message, opt chat.Options, prompt []int) {
+	opt.AddGenerationPrompt = false
+	text, err := e.RenderChat(msgs, opt)
+	if err != nil {
+		return
+	}
+	ids, err := e.Encode(text, true)
+	if err != nil || len(ids) >= len(prompt) || !slices.Equal(ids, prompt[:len(ids)]) {
+		return
+	}
+	s.SnapshotAt(len(ids))
 }

@@ -189,7 +189,8 @@ func newRun() *cobra.Command {
 		Long: `Generate text. The prompt is the argument, or standard input when it is "-" or when no prompt
 is given and standard input is not a terminal (echo hi | cortiq run m.cmf). It is wrapped in the
 model's chat template unless --raw; with --ids the given token ids are the whole prompt.
---json prints {"ids":[generated ids],"text":"...","finish_reason":"...","seed":N}.
+--json prints {"ids":[generated ids],"text":"...","finish_reason":"...","seed":N,"prompt_tokens":N,
+"reused_tokens":N} (reused: prompt tokens found in the cache or resumed from a state snapshot).
 The seed is random unless --seed N is given (--verbose prints it); the same seed, prompt and
 flags give the same text.`,
 		Args: modelArgs(&mf.path, 1),
@@ -263,12 +264,18 @@ flags give the same text.`,
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(out).Encode(map[string]any{"ids": res.IDs, "text": res.Text, "finish_reason": res.Reason, "seed": p.Seed})
+				return json.NewEncoder(out).Encode(map[string]any{"ids": res.IDs, "text": res.Text, "finish_reason": res.Reason, "seed": p.Seed,
+					"prompt_tokens": res.PromptTokens, "reused_tokens": res.CachedTokens})
 			}
 			fmt.Fprintln(out)
 			fmt.Fprintf(cmd.ErrOrStderr(), "\nprefill: %d tokens, %.1f tok/s | decode: %d tokens, %.2f tok/s | stop: %s | KV cache %.1f MiB for %d tokens\n",
 				res.PromptTokens, res.PrefillRate(), res.Decoded, res.DecodeRate(), res.Reason,
 				float64(s.Cache().Bytes())/(1<<20), s.Cache().Cap())
+			if e.Model.HasState() {
+				n, b := e.SnapshotStats()
+				fmt.Fprintf(cmd.ErrOrStderr(), "linear-attention state: %.2f MiB per sequence and per snapshot; %d snapshots held (%.1f MiB)\n",
+					float64(e.Model.SnapshotBytes())/(1<<20), n, float64(b)/(1<<20))
+			}
 			return nil
 		},
 	}
