@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/cortiq/cortiq/backend"
@@ -73,6 +74,12 @@ type Device struct {
 // inputs and outputs.
 const stageBytes = 64 << 20
 
+// maxRows bounds Options.MaxRows: a step stages ids, positions and slots
+// (12 bytes a row) and, for dynamic RoPE, up to a row's worth of
+// frequencies per sequence (128 floats at the kernels' widest head) after
+// them.
+const maxRows = stageBytes / (12 + 4*attnMaxHeadDim/2)
+
 // Open opens GPU opt.Ordinal and loads the kernels. Without a usable GPU
 // the error wraps backend.ErrNoDevice and says why in one line.
 func Open(opt Options) (*Device, error) {
@@ -81,6 +88,9 @@ func Open(opt Options) (*Device, error) {
 	}
 	if opt.MaxRows <= 0 {
 		opt.MaxRows = 512
+	}
+	if opt.MaxRows > maxRows {
+		return nil, fmt.Errorf("cuda: MaxRows %d exceeds the %d the staging buffer holds", opt.MaxRows, maxRows)
 	}
 	dev, err := driver.Open(opt.Ordinal)
 	if err != nil {
@@ -325,12 +335,19 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 	if ctx <= 0 || ctx > d.opt.Ctx {
 		return nil, fmt.Errorf("cuda: context %d outside 1..%d (the K/V pool was sized at Open)", ctx, d.opt.Ctx)
 	}
+	if d.spec != nil && !sameSpec(*d.spec, spec) {
+		if len(d.free) != d.opt.Seqs {
+			return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences (%d of another model's are live)", d.opt.Seqs-len(d.free))
+		}
+		// Every slot is free: the pool is rebuilt for the new model.
+		if err := d.freeKV(); err != nil {
+			return nil, err
+		}
+	}
 	if d.spec == nil {
 		if err := d.allocKV(spec); err != nil {
 			return nil, err
 		}
-	} else if !sameSpec(*d.spec, spec) {
-		return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences")
 	}
 	if len(d.free) == 0 {
 		return nil, fmt.Errorf("cuda: all %d sequence slots are in use", d.opt.Seqs)
@@ -377,6 +394,27 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 	d.spec = &sp
 	for i := d.opt.Seqs - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
+	}
+	return nil
+}
+
+// freeKV frees the K/V pool (every slot free, no step in flight).
+func (d *Device) freeKV() error {
+	err := d.dev.Do(func(c *driver.Ctx) error {
+		var errs []error
+		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc} {
+			for _, p := range ps {
+				if p != 0 {
+					errs = append(errs, c.Free(p))
+					d.allocs = slices.DeleteFunc(d.allocs, func(q driver.DevicePtr) bool { return q == p })
+				}
+			}
+		}
+		return errors.Join(errs...)
+	})
+	d.kc, d.vc, d.free, d.spec = nil, nil, nil, nil
+	if err != nil {
+		return fmt.Errorf("cuda: freeing the K/V pool: %w", err)
 	}
 	return nil
 }
