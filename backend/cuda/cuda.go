@@ -38,11 +38,13 @@ type Options struct {
 	// Progress, when set, is told the bytes uploaded so far of the
 	// weights planned by Plan.
 	Progress func(done, total int64)
-	// Eager synchronises after every op (debugging: an error is reported
-	// by the op that caused it) and never replays graphs.
+	// Eager synchronises after every launch (debugging: an error is
+	// reported by the op that caused it) and never records graphs.
 	Eager bool
 	// Graphs records each decode shape (rows, logits kind) as a CUDA graph
-	// after its first eager step and replays it from then on.
+	// after its first eager step and replays it for later steps of that
+	// shape whose launches (kernels, shapes, argument bytes), packed on
+	// the host first, equal the recording's.
 	Graphs bool
 }
 
