@@ -76,11 +76,12 @@ type Device struct {
 // inputs and outputs.
 const stageBytes = 64 << 20
 
-// maxRows bounds Options.MaxRows: a step stages ids, positions and slots
-// (12 bytes a row) and, for dynamic RoPE, up to a row's worth of
-// frequencies per sequence (128 floats at the kernels' widest head) after
-// them.
-const maxRows = stageBytes / (12 + 4*attnMaxHeadDim/2)
+// maxRows bounds Options.MaxRows: rows are a grid's y or z dimension in
+// most kernels (at most 65535). A step stages ids, positions and slots (12
+// bytes a row) and, for dynamic RoPE, up to one table of frequencies per
+// sequence (128 floats at the kernels' widest head) after them; the stage
+// holds both for maxRows rows (TestStageHoldsMaxRows).
+const maxRows = 65535
 
 // Open opens GPU opt.Ordinal and loads the kernels. Without a usable GPU
 // the error wraps backend.ErrNoDevice and says why in one line.
@@ -157,7 +158,7 @@ func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
 	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * spec.KVBytes(d.opt.Ctx)}
-	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec)
+	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs)
 	err := d.dev.Do(func(c *driver.Ctx) error {
 		free, _, err := c.MemInfo()
 		p.Free = free

@@ -130,10 +130,14 @@ type devBuf struct {
 	n int64
 }
 
-// scratchBytes estimates a step's scratch for maxRows rows of width at
-// most widest floats (x, xb, qkv/gate|up, attention partials, logits).
-func scratchBytes(maxRows, widest int, spec backend.SeqSpec) int64 {
-	return int64(maxRows) * int64(widest) * 4 * 8
+// scratchBytes bounds a step's scratch for maxRows rows of width at most
+// widest floats: the staged inputs; x, xb, xlast, qkv, att, gate|up, h,
+// xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
+// widest floats); the attention partials (attnPartRows rows of at most
+// widest + 2·heads floats, bounded by 2·widest).
+func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int) int64 {
+	M, w := int64(maxRows), int64(widest)
+	return 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
 }
 
 // buf returns the named scratch buffer of at least n bytes. A buffer

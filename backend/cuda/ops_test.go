@@ -560,6 +560,14 @@ func TestLaunchesMatchKernels(t *testing.T) {
 						t.Fatalf("step %d: %v", i, err)
 					}
 				}
+				var used int64
+				for _, b := range d.st.bufs {
+					used += b.n
+				}
+				widest := max(sh.H, (sh.nq+2*sh.nkv)*sh.hd, 2*sh.I, sh.V)
+				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs); used > plan {
+					t.Errorf("the steps' scratch is %d bytes, the plan's bound %d", used, plan)
+				}
 				names := map[string]bool{}
 				for _, c := range f.calls {
 					name := c.name
@@ -767,5 +775,16 @@ func TestStagedInputsLayout(t *testing.T) {
 	slot, _ := f.ints(in.Add(8*M), 5)
 	if fmt.Sprint(ids, pos, slot) != "[4 9 11 12 13] [5 6 1 2 3] [2 2 0 0 0]" {
 		t.Fatalf("staged ids %v positions %v slots %v", ids, pos, slot)
+	}
+}
+
+// TestStageHoldsMaxRows: the staged inputs and the dynamic-RoPE tables of
+// a step of maxRows rows fit the pinned stage.
+func TestStageHoldsMaxRows(t *testing.T) {
+	if need := 12*maxRows + maxRows*4*attnMaxHeadDim/2; need > stageBytes {
+		t.Fatalf("a step of %d rows stages %d bytes, the stage holds %d", maxRows, need, stageBytes)
+	}
+	if _, err := Open(Options{Seqs: 1, Ctx: 1, MaxRows: maxRows + 1}); err == nil || !strings.Contains(err.Error(), "MaxRows") {
+		t.Fatalf("MaxRows beyond the grid limit: %v", err)
 	}
 }
