@@ -55,6 +55,9 @@ type Device struct {
 	info driver.Info
 	mod  *kern.Module
 	strm driver.Stream
+	// do runs f on the device thread with a runner for the device's
+	// stream (the CPU tests give a fake).
+	do func(f func(r runner) error) error
 
 	mu       sync.Mutex // one step at a time
 	stage    *driver.HostBuf
@@ -103,6 +106,9 @@ func Open(opt Options) (*Device, error) {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
+	d.do = func(f func(r runner) error) error {
+		return dev.Do(func(c *driver.Ctx) error { return f(gpuRunner{c: c, d: d}) })
+	}
 	err = dev.Do(func(c *driver.Ctx) error {
 		var err error
 		if d.mod, err = kern.Load(c, d.info, false); err != nil {
@@ -209,20 +215,21 @@ func kernelFormat(dt quant.DType) (string, error) {
 // upload copies b to a new device allocation through the pinned stage.
 func (d *Device) upload(b []byte) (driver.DevicePtr, error) {
 	var p driver.DevicePtr
-	err := d.dev.Do(func(c *driver.Ctx) error {
+	err := d.do(func(r runner) error {
 		var err error
-		if p, err = c.Alloc(int64(max(len(b), 16))); err != nil {
+		if p, err = r.alloc(int64(max(len(b), 16))); err != nil {
 			return err
 		}
 		d.allocs = append(d.allocs, p)
-		for off := 0; off < len(b); off += stageBytes {
-			n := min(stageBytes, len(b)-off)
-			copy(d.stage.Bytes()[:n], b[off:off+n])
-			if err := c.HtoDAsync(p.Add(int64(off)), d.stage, 0, n, d.strm); err != nil {
+		stage := r.stage()
+		for off := 0; off < len(b); off += len(stage) {
+			n := min(len(stage), len(b)-off)
+			copy(stage[:n], b[off:off+n])
+			if err := r.htod(p.Add(int64(off)), 0, n); err != nil {
 				return err
 			}
 			// The stage is reused by the next piece: wait for this one.
-			if err := c.StreamSync(d.strm); err != nil {
+			if err := r.sync(); err != nil {
 				return err
 			}
 		}
@@ -377,10 +384,10 @@ func sameSpec(a, b backend.SeqSpec) bool {
 func (d *Device) allocKV(spec backend.SeqSpec) error {
 	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * 4
 	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
-	err := d.dev.Do(func(c *driver.Ctx) error {
+	err := d.do(func(r runner) error {
 		for _, l := range spec.Attention {
 			for _, dst := range []*driver.DevicePtr{&d.kc[l], &d.vc[l]} {
-				p, err := c.Alloc(per)
+				p, err := r.alloc(per)
 				if err != nil {
 					return err
 				}
@@ -403,12 +410,12 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 
 // freeKV frees the K/V pool (every slot free, no step in flight).
 func (d *Device) freeKV() error {
-	err := d.dev.Do(func(c *driver.Ctx) error {
+	err := d.do(func(r runner) error {
 		var errs []error
 		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc} {
 			for _, p := range ps {
 				if p != 0 {
-					errs = append(errs, c.Free(p))
+					errs = append(errs, r.free(p))
 					d.allocs = slices.DeleteFunc(d.allocs, func(q driver.DevicePtr) bool { return q == p })
 				}
 			}

@@ -248,9 +248,7 @@ func (d *Device) Run(b *backend.Batch, step func(backend.Ops)) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	err := d.dev.Do(func(c *driver.Ctx) error {
-		return d.runStep(gpuRunner{c: c, d: d}, b, step)
-	})
+	err := d.do(func(r runner) error { return d.runStep(r, b, step) })
 	if err != nil {
 		return fmt.Errorf("cuda: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/backend/backendtest"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
@@ -52,10 +53,12 @@ type fakeGPU struct {
 	seqs      int // slots of the K/V pool
 	// expect, when set, gives each row's expected position and slot.
 	expectPos, expectSlot []int
-	// inputs is the staged-inputs buffer (the first host-to-device copy),
-	// of maxRows rows.
-	inputs  driver.DevicePtr
-	maxRows int
+	d *Device // the device whose staged inputs positions are read from
+}
+
+// inputs returns the staged-inputs buffer and its rows.
+func (f *fakeGPU) inputs() (driver.DevicePtr, int) {
+	return f.d.st.bufs["inputs"].p, f.d.opt.MaxRows
 }
 
 func newFake(t *testing.T, seqs int) *fakeGPU {
@@ -126,9 +129,8 @@ func (f *fakeGPU) htod(dst driver.DevicePtr, off, n int) error {
 	if a == nil || off < 0 || off+n > len(f.stageMem) {
 		return fmt.Errorf("fake: htod of %d bytes to %#x from stage offset %d", n, dst, off)
 	}
-	copy(a.mem[dst-a.base:], f.stageMem[off:off+n])
-	if f.inputs == 0 {
-		f.inputs, f.maxRows = dst, n/12
+	if a.mem != nil {
+		copy(a.mem[dst-a.base:], f.stageMem[off:off+n])
 	}
 	return nil
 }
@@ -275,9 +277,10 @@ func (f *fakeGPU) checkKV(c *fakeCall, posArg, slotArg, kcArg, vcArg int, R, nkv
 	}
 	// The launch's first row within the step, from where its positions
 	// are read; its slots must be read from the same row.
-	r0 := int(c.ptr(posArg)-f.inputs.Add(4*int64(f.maxRows))) / 4
-	if c.ptr(posArg) < f.inputs || r0 < 0 || r0+R > f.maxRows || c.ptr(slotArg) != f.inputs.Add(4*int64(2*f.maxRows+r0)) {
-		return fmt.Errorf("positions at %#x, slots at %#x: not rows %d.. of the staged inputs at %#x (%d rows)", c.ptr(posArg), c.ptr(slotArg), r0, f.inputs, f.maxRows)
+	in, M := f.inputs()
+	r0 := int(int64(c.ptr(posArg))-int64(in.Add(4*int64(M)))) / 4
+	if r0 < 0 || r0+R > M || c.ptr(posArg) != in.Add(4*int64(M+r0)) || c.ptr(slotArg) != in.Add(4*int64(2*M+r0)) {
+		return fmt.Errorf("positions at %#x, slots at %#x: not rows %d.. of the staged inputs at %#x (%d rows)", c.ptr(posArg), c.ptr(slotArg), r0, in, M)
 	}
 	for r := range R {
 		if e := r0 + r; f.expectPos != nil && (e >= len(f.expectPos) || pos[r] != f.expectPos[e] || slot[r] != f.expectSlot[e]) {
@@ -467,10 +470,7 @@ func (f *fakeGPU) net(t *testing.T, s netShape) *testNet {
 
 // fakeDevice is a Device whose K/V pool lives on f (no GPU).
 func fakeDevice(t *testing.T, f *fakeGPU, opt Options, spec backend.SeqSpec) *Device {
-	d := &Device{opt: opt, info: driver.Info{SMs: 132, Name: "fake"}}
-	if d.opt.MaxRows == 0 {
-		d.opt.MaxRows = 512
-	}
+	d := fakeOpen(f, opt)
 	per := int64(opt.Seqs) * int64(spec.KVHeads) * int64(opt.Ctx) * int64(spec.HeadDim) * 4
 	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
 	for _, l := range spec.Attention {
@@ -481,6 +481,17 @@ func fakeDevice(t *testing.T, f *fakeGPU, opt Options, spec backend.SeqSpec) *De
 	for i := opt.Seqs - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
 	}
+	return d
+}
+
+// fakeOpen is a Device on f, as Open makes one on a GPU (no K/V pool yet).
+func fakeOpen(f *fakeGPU, opt Options) *Device {
+	d := &Device{opt: opt, info: driver.Info{SMs: 132, Name: "fake"}}
+	if d.opt.MaxRows == 0 {
+		d.opt.MaxRows = 512
+	}
+	d.do = func(fn func(r runner) error) error { return fn(f) }
+	f.d = d
 	return d
 }
 
@@ -786,5 +797,41 @@ func TestStageHoldsMaxRows(t *testing.T) {
 	}
 	if _, err := Open(Options{Seqs: 1, Ctx: 1, MaxRows: maxRows + 1}); err == nil || !strings.Contains(err.Error(), "MaxRows") {
 		t.Fatalf("MaxRows beyond the grid limit: %v", err)
+	}
+}
+
+// TestParitySuiteOnFake drives the GPU parity suite's every case and
+// schedule (backend/backendtest, as TestGPUParity does on a GPU) through
+// the device on the fake: weights, vectors and RoPE tables uploaded through
+// the stage, the K/V pool rebuilt between cases of different shapes, graphs
+// captured and checked, and every launch checked as above (the logits are
+// the fake's zeros: numbers are the GPU session's).
+func TestParitySuiteOnFake(t *testing.T) {
+	f := newFake(t, 4)
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true})
+	runs := 0
+	for _, c := range backendtest.Cases() {
+		for name, sched := range backendtest.Schedules() {
+			if _, err := backendtest.Run(d, c, sched, 11); err != nil {
+				t.Fatalf("%s / %s: %v", c.Name, name, err)
+			}
+			runs++
+		}
+	}
+	if f.replays == 0 {
+		t.Fatal("no decode step of the suite was replayed from a graph")
+	}
+	t.Logf("%d runs, %d launches, %d graph replays", runs, len(f.calls), f.replays)
+	// A sequence of another model while one is live is refused.
+	s, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16}, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 1, HeadDim: 16}, 16); err == nil {
+		t.Fatal("a second model's sequence took a slot of a live pool")
+	}
+	d.Release(s)
+	if _, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 1, HeadDim: 16}, 16); err != nil {
+		t.Fatalf("an empty pool was not rebuilt: %v", err)
 	}
 }
