@@ -53,7 +53,7 @@ type fakeGPU struct {
 	seqs      int // slots of the K/V pool
 	// expect, when set, gives each row's expected position and slot.
 	expectPos, expectSlot []int
-	d *Device // the device whose staged inputs positions are read from
+	d                     *Device // the device whose staged inputs positions are read from
 }
 
 // inputs returns the staged-inputs buffer and its rows.
