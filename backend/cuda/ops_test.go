@@ -54,6 +54,9 @@ type fakeGPU struct {
 	// expect, when set, gives each row's expected position and slot.
 	expectPos, expectSlot []int
 	d                     *Device // the device whose staged inputs positions are read from
+	// numeric runs each launch's model (fakeexec_test.go) on the memory.
+	numeric bool
+	decoded map[string][]float32
 }
 
 // inputs returns the staged-inputs buffer and its rows.
@@ -151,6 +154,9 @@ func (f *fakeGPU) dtod(dst, src driver.DevicePtr, n int64) error {
 	if a == nil || b == nil {
 		return fmt.Errorf("fake: dtod of %d bytes %#x → %#x outside the allocations", n, src, dst)
 	}
+	if f.numeric {
+		copy(f.bytesAt(dst, n), f.bytesAt(src, n))
+	}
 	return nil
 }
 
@@ -177,6 +183,11 @@ func (f *fakeGPU) graphLaunch(e driver.GraphExec) error {
 		return fmt.Errorf("fake: launch of graph %d, destroyed or never made", e)
 	}
 	f.replays++
+	if f.numeric {
+		for i := range f.graphs[e] {
+			f.exec(&f.graphs[e][i])
+		}
+	}
 	return nil
 }
 
@@ -220,6 +231,9 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 		f.captured = append(f.captured, c)
 	} else {
 		f.calls = append(f.calls, c)
+		if f.numeric {
+			f.exec(&c)
+		}
 	}
 	return nil
 }
