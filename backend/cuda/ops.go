@@ -15,6 +15,7 @@ import (
 // the CPU tests, a fake that checks every launch against the manifest and
 // every pointer against the allocations it handed out.
 type runner interface {
+	memInfo() (free, total int64, err error)
 	alloc(n int64) (driver.DevicePtr, error)
 	free(p driver.DevicePtr) error
 	// launch queues kernel name on the step's stream.
@@ -39,6 +40,7 @@ type gpuRunner struct {
 	d *Device
 }
 
+func (g gpuRunner) memInfo() (free, total int64, err error) { return g.c.MemInfo() }
 func (g gpuRunner) alloc(n int64) (driver.DevicePtr, error) { return g.c.Alloc(n) }
 func (g gpuRunner) free(p driver.DevicePtr) error           { return g.c.Free(p) }
 func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error {

@@ -76,6 +76,8 @@ func newFake(t *testing.T, seqs int) *fakeGPU {
 	return &fakeGPU{t: t, man: m, next: 0x7f0000000000, stageMem: make([]byte, 1<<20), graphs: map[driver.GraphExec][]fakeCall{}, seqs: seqs}
 }
 
+func (f *fakeGPU) memInfo() (free, total int64, err error) { return 1 << 40, 1 << 40, nil }
+
 func (f *fakeGPU) alloc(n int64) (driver.DevicePtr, error) {
 	if f.capturing {
 		f.t.Errorf("allocation of %d bytes while capturing", n)
