@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/cortiq/cortiq/backend"
@@ -37,11 +38,13 @@ type Options struct {
 	// Progress, when set, is told the bytes uploaded so far of the
 	// weights planned by Plan.
 	Progress func(done, total int64)
-	// Eager synchronises after every op (debugging: an error is reported
-	// by the op that caused it) and never replays graphs.
+	// Eager synchronises after every launch (debugging: an error is
+	// reported by the op that caused it) and never records graphs.
 	Eager bool
 	// Graphs records each decode shape (rows, logits kind) as a CUDA graph
-	// after its first eager step and replays it from then on.
+	// after its first eager step and replays it for later steps of that
+	// shape whose launches (kernels, shapes, argument bytes), packed on
+	// the host first, equal the recording's.
 	Graphs bool
 }
 
@@ -52,6 +55,9 @@ type Device struct {
 	info driver.Info
 	mod  *kern.Module
 	strm driver.Stream
+	// do runs f on the device thread with a runner for the device's
+	// stream (the CPU tests give a fake).
+	do func(f func(r runner) error) error
 
 	mu       sync.Mutex // one step at a time
 	stage    *driver.HostBuf
@@ -73,6 +79,13 @@ type Device struct {
 // inputs and outputs.
 const stageBytes = 64 << 20
 
+// maxRows bounds Options.MaxRows: rows are a grid's y or z dimension in
+// most kernels (at most 65535). A step stages ids, positions and slots (12
+// bytes a row) and, for dynamic RoPE, up to one table of frequencies per
+// sequence (128 floats at the kernels' widest head) after them; the stage
+// holds both for maxRows rows (TestStageHoldsMaxRows).
+const maxRows = 65535
+
 // Open opens GPU opt.Ordinal and loads the kernels. Without a usable GPU
 // the error wraps backend.ErrNoDevice and says why in one line.
 func Open(opt Options) (*Device, error) {
@@ -82,6 +95,9 @@ func Open(opt Options) (*Device, error) {
 	if opt.MaxRows <= 0 {
 		opt.MaxRows = 512
 	}
+	if opt.MaxRows > maxRows {
+		return nil, fmt.Errorf("cuda: MaxRows %d exceeds the %d the staging buffer holds", opt.MaxRows, maxRows)
+	}
 	dev, err := driver.Open(opt.Ordinal)
 	if err != nil {
 		if errors.Is(err, driver.ErrNoDevice) {
@@ -90,6 +106,9 @@ func Open(opt Options) (*Device, error) {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
+	d.do = func(f func(r runner) error) error {
+		return dev.Do(func(c *driver.Ctx) error { return f(gpuRunner{c: c, d: d}) })
+	}
 	err = dev.Do(func(c *driver.Ctx) error {
 		var err error
 		if d.mod, err = kern.Load(c, d.info, false); err != nil {
@@ -145,9 +164,9 @@ func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
 	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * spec.KVBytes(d.opt.Ctx)}
-	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec)
-	err := d.dev.Do(func(c *driver.Ctx) error {
-		free, _, err := c.MemInfo()
+	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs)
+	err := d.do(func(r runner) error {
+		free, _, err := r.memInfo()
 		p.Free = free
 		return err
 	})
@@ -196,20 +215,21 @@ func kernelFormat(dt quant.DType) (string, error) {
 // upload copies b to a new device allocation through the pinned stage.
 func (d *Device) upload(b []byte) (driver.DevicePtr, error) {
 	var p driver.DevicePtr
-	err := d.dev.Do(func(c *driver.Ctx) error {
+	err := d.do(func(r runner) error {
 		var err error
-		if p, err = c.Alloc(int64(max(len(b), 16))); err != nil {
+		if p, err = r.alloc(int64(max(len(b), 16))); err != nil {
 			return err
 		}
 		d.allocs = append(d.allocs, p)
-		for off := 0; off < len(b); off += stageBytes {
-			n := min(stageBytes, len(b)-off)
-			copy(d.stage.Bytes()[:n], b[off:off+n])
-			if err := c.HtoDAsync(p.Add(int64(off)), d.stage, 0, n, d.strm); err != nil {
+		stage := r.stage()
+		for off := 0; off < len(b); off += len(stage) {
+			n := min(len(stage), len(b)-off)
+			copy(stage[:n], b[off:off+n])
+			if err := r.htod(p.Add(int64(off)), 0, n); err != nil {
 				return err
 			}
 			// The stage is reused by the next piece: wait for this one.
-			if err := c.StreamSync(d.strm); err != nil {
+			if err := r.sync(); err != nil {
 				return err
 			}
 		}
@@ -328,12 +348,19 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 	if len(spec.DeltaNet) > 0 {
 		return nil, fmt.Errorf("cuda: linear-attention (Gated DeltaNet) state: %w", backend.ErrUnsupported)
 	}
+	if d.spec != nil && !sameSpec(*d.spec, spec) {
+		if len(d.free) != d.opt.Seqs {
+			return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences (%d of another model's are live)", d.opt.Seqs-len(d.free))
+		}
+		// Every slot is free: the pool is rebuilt for the new model.
+		if err := d.freeKV(); err != nil {
+			return nil, err
+		}
+	}
 	if d.spec == nil {
 		if err := d.allocKV(spec); err != nil {
 			return nil, err
 		}
-	} else if !sameSpec(*d.spec, spec) {
-		return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences")
 	}
 	if len(d.free) == 0 {
 		return nil, fmt.Errorf("cuda: all %d sequence slots are in use", d.opt.Seqs)
@@ -360,10 +387,10 @@ func sameSpec(a, b backend.SeqSpec) bool {
 func (d *Device) allocKV(spec backend.SeqSpec) error {
 	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * 4
 	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
-	err := d.dev.Do(func(c *driver.Ctx) error {
+	err := d.do(func(r runner) error {
 		for _, l := range spec.Attention {
 			for _, dst := range []*driver.DevicePtr{&d.kc[l], &d.vc[l]} {
-				p, err := c.Alloc(per)
+				p, err := r.alloc(per)
 				if err != nil {
 					return err
 				}
@@ -380,6 +407,27 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 	d.spec = &sp
 	for i := d.opt.Seqs - 1; i >= 0; i-- {
 		d.free = append(d.free, i)
+	}
+	return nil
+}
+
+// freeKV frees the K/V pool (every slot free, no step in flight).
+func (d *Device) freeKV() error {
+	err := d.do(func(r runner) error {
+		var errs []error
+		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc} {
+			for _, p := range ps {
+				if p != 0 {
+					errs = append(errs, r.free(p))
+					d.allocs = slices.DeleteFunc(d.allocs, func(q driver.DevicePtr) bool { return q == p })
+				}
+			}
+		}
+		return errors.Join(errs...)
+	})
+	d.kc, d.vc, d.free, d.spec = nil, nil, nil, nil
+	if err != nil {
+		return fmt.Errorf("cuda: freeing the K/V pool: %w", err)
 	}
 	return nil
 }

@@ -58,8 +58,11 @@ func TestGPUParity(t *testing.T) {
 			return 1e-10
 		case quant.Q8Row, quant.Q82F, quant.Q4TP:
 			// The CPU runs quantized formats on int8 activations; the GPU on
-			// float32 activations.
-			return 1e-4
+			// float32 activations (bf16 in the GEMM). The kernels' exact
+			// models on the fake device (TestParitySuiteNumericOnFake) are
+			// already 1.1e-4 from the CPU here, so 1e-4 would fail correct
+			// kernels.
+			return 3e-4
 		}
 		return 1e-9
 	})

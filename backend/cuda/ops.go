@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -10,12 +11,81 @@ import (
 	"github.com/cortiq/cortiq/quant"
 )
 
+// runner is what a step needs of the device: the GPU (gpuRunner) or, in
+// the CPU tests, a fake that checks every launch against the manifest and
+// every pointer against the allocations it handed out.
+type runner interface {
+	memInfo() (free, total int64, err error)
+	alloc(n int64) (driver.DevicePtr, error)
+	free(p driver.DevicePtr) error
+	// launch queues kernel name on the step's stream.
+	launch(name string, cfg driver.Config, a *driver.Args) error
+	// sync waits for the step's stream.
+	sync() error
+	// stage is the pinned staging memory; htod and dtoh queue copies
+	// between it and device memory on the step's stream.
+	stage() []byte
+	htod(dst driver.DevicePtr, off, n int) error
+	dtoh(off int, src driver.DevicePtr, n int) error
+	dtod(dst, src driver.DevicePtr, n int64) error
+	beginCapture() error
+	endCapture() (driver.GraphExec, error) // the instantiated graph
+	graphLaunch(g driver.GraphExec) error
+	destroyGraph(g driver.GraphExec) error
+}
+
+// gpuRunner runs a step on the device's stream.
+type gpuRunner struct {
+	c *driver.Ctx
+	d *Device
+}
+
+func (g gpuRunner) memInfo() (free, total int64, err error) { return g.c.MemInfo() }
+func (g gpuRunner) alloc(n int64) (driver.DevicePtr, error) { return g.c.Alloc(n) }
+func (g gpuRunner) free(p driver.DevicePtr) error           { return g.c.Free(p) }
+func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error {
+	cfg.Stream = g.d.strm
+	return g.d.mod.Launch(g.c, name, cfg, a)
+}
+func (g gpuRunner) sync() error   { return g.c.StreamSync(g.d.strm) }
+func (g gpuRunner) stage() []byte { return g.d.stage.Bytes() }
+func (g gpuRunner) htod(dst driver.DevicePtr, off, n int) error {
+	return g.c.HtoDAsync(dst, g.d.stage, off, n, g.d.strm)
+}
+func (g gpuRunner) dtoh(off int, src driver.DevicePtr, n int) error {
+	return g.c.DtoHAsync(g.d.stage, off, src, n, g.d.strm)
+}
+func (g gpuRunner) dtod(dst, src driver.DevicePtr, n int64) error {
+	return g.c.DtoDAsync(dst, src, n, g.d.strm)
+}
+func (g gpuRunner) beginCapture() error {
+	return g.c.BeginCapture(g.d.strm, driver.CaptureThreadLocal)
+}
+func (g gpuRunner) endCapture() (driver.GraphExec, error) {
+	gr, err := g.c.EndCapture(g.d.strm)
+	if err != nil {
+		return 0, err
+	}
+	exec, err := g.c.Instantiate(gr)
+	g.c.DestroyGraph(gr)
+	return exec, err
+}
+func (g gpuRunner) graphLaunch(e driver.GraphExec) error  { return g.c.GraphLaunch(e, g.d.strm) }
+func (g gpuRunner) destroyGraph(e driver.GraphExec) error { return g.c.DestroyGraphExec(e) }
+
+// Step modes: run the kernels, record them into a graph, or only pack
+// them (to compare with a graph's recording before replaying it).
+const (
+	modeRun = iota
+	modeCapture
+	modeCheck
+)
+
 // state is the device-side run state of the steps: named scratch buffers
-// grown to the largest step seen (fixed addresses between growths, which
-// a captured graph needs) and the staged per-step inputs.
+// grown to the largest step seen and the staged per-step inputs.
 type state struct {
 	d    *Device
-	c    *driver.Ctx
+	r    runner
 	b    *backend.Batch
 	err  error
 	rows int
@@ -26,16 +96,24 @@ type state struct {
 	in   driver.DevicePtr // ids | pos | slot, int32 [MaxRows] each
 	H    int              // residual width (set by Embed)
 
-	out       driver.DevicePtr // the step's logits (set by Head)
-	outN      int              // floats of them
-	capturing bool             // recording a graph: no syncs, no allocations
-	dynamic   bool             // the step used dynamic RoPE (never captured)
+	out     driver.DevicePtr // the step's logits (set by Head)
+	outN    int              // floats of them
+	mode    int
+	dynamic bool // the step used dynamic RoPE (never captured)
+	stale   bool // modeCheck: a buffer would have to grow (no replay)
+	dynOf   *ropeTab
+	dynInv  driver.DevicePtr
+	dynMS   []float32 // per sequence: the mscale of its frequencies
+	// sig is the step's launches as packed (names, shapes, argument
+	// bytes, copies): everything a captured graph bakes in. A graph is
+	// replayed only for a step whose signature equals its recording's.
+	sig []byte
 }
 
-// graphKey identifies the steps one captured graph serves: decode steps
-// (one token per sequence) of the same number of rows and logits kind.
-// Everything that varies between such steps (ids, positions, slots) is
-// read by the kernels from the staged inputs.
+// graphKey identifies the steps one captured graph may serve: decode
+// steps (one token per sequence) of the same number of rows and logits
+// kind. Ids, positions, slots and lengths are read by the kernels from
+// the staged inputs; everything else is in the graph's signature.
 type graphKey struct {
 	rows   int
 	logits backend.Logits
@@ -43,6 +121,7 @@ type graphKey struct {
 
 type graph struct {
 	exec driver.GraphExec
+	sig  []byte
 	H    int
 	out  driver.DevicePtr
 	outN int
@@ -53,13 +132,19 @@ type devBuf struct {
 	n int64
 }
 
-// scratchBytes estimates a step's scratch for maxRows rows of width at
-// most widest floats (x, xb, qkv/gate|up, attention partials, logits).
-func scratchBytes(maxRows, widest int, spec backend.SeqSpec) int64 {
-	return int64(maxRows) * int64(widest) * 4 * 8
+// scratchBytes bounds a step's scratch for maxRows rows of width at most
+// widest floats: the staged inputs; x, xb, xlast, qkv, att, gate|up, h,
+// xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
+// widest floats); the attention partials (attnPartRows rows of at most
+// widest + 2·heads floats, bounded by 2·widest).
+func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int) int64 {
+	M, w := int64(maxRows), int64(widest)
+	return 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
 }
 
-// buf returns the named scratch buffer of at least n bytes.
+// buf returns the named scratch buffer of at least n bytes. A buffer
+// grows only when no graph is being recorded; the old one is freed after
+// the stream's queued work (which may read it) has finished.
 func (st *state) buf(name string, n int64) driver.DevicePtr {
 	if st.err != nil {
 		return 0
@@ -67,17 +152,26 @@ func (st *state) buf(name string, n int64) driver.DevicePtr {
 	if b, ok := st.bufs[name]; ok && b.n >= n {
 		return b.p
 	}
-	if st.capturing {
+	switch st.mode {
+	case modeCapture:
 		st.fail(fmt.Errorf("cuda: scratch %s would grow while recording a graph", name))
+		return 0
+	case modeCheck:
+		st.stale = true
 		return 0
 	}
 	if b, ok := st.bufs[name]; ok {
-		if err := st.c.Free(b.p); err != nil {
+		if err := st.r.sync(); err != nil {
 			st.fail(err)
 			return 0
 		}
+		if err := st.r.free(b.p); err != nil {
+			st.fail(err)
+			return 0
+		}
+		delete(st.bufs, name)
 	}
-	p, err := st.c.Alloc(n)
+	p, err := st.r.alloc(n)
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: scratch %s of %d bytes: %w", name, n, err))
 		return 0
@@ -92,7 +186,14 @@ func (st *state) fail(err error) {
 	}
 }
 
-// launch runs a kernel with the packed arguments on the device's stream.
+func (st *state) sigAppend(vals ...uint64) {
+	for _, v := range vals {
+		st.sig = binary.LittleEndian.AppendUint64(st.sig, v)
+	}
+}
+
+// launch runs a kernel with the packed arguments on the device's stream
+// (in modeCheck it only records it).
 func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 	if st.err != nil {
 		return
@@ -101,24 +202,74 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 		st.fail(fmt.Errorf("cuda: %s: %w", name, err))
 		return
 	}
-	cfg := driver.Config{Grid: grid, Block: block, Shared: shared, Stream: st.d.strm}
-	if err := st.d.mod.Launch(st.c, name, cfg, &st.args); err != nil {
+	st.sig = append(st.sig, name...)
+	st.sigAppend(uint64(grid.X), uint64(grid.Y), uint64(grid.Z), uint64(block.X), uint64(block.Y), uint64(block.Z), uint64(shared))
+	st.sig = append(st.sig, st.args.Bytes()...)
+	if st.mode == modeCheck {
+		return
+	}
+	cfg := driver.Config{Grid: grid, Block: block, Shared: shared}
+	if err := st.r.launch(name, cfg, &st.args); err != nil {
 		st.fail(err)
 		return
 	}
-	if st.d.opt.Eager && !st.capturing {
-		if err := st.c.StreamSync(st.d.strm); err != nil {
+	if st.d.opt.Eager && st.mode == modeRun {
+		if err := st.r.sync(); err != nil {
 			st.fail(fmt.Errorf("cuda: %s: %w", name, err))
 		}
 	}
 }
 
+// copyD queues a device-to-device copy of n bytes.
+func (st *state) copyD(dst, src driver.DevicePtr, n int64) {
+	if st.err != nil {
+		return
+	}
+	st.sig = append(st.sig, "dtod"...)
+	st.sigAppend(uint64(dst), uint64(src), uint64(n))
+	if st.mode == modeCheck {
+		return
+	}
+	if err := st.r.dtod(dst, src, n); err != nil {
+		st.fail(err)
+	}
+}
+
 func (st *state) a() *driver.Args { return st.args.Reset() }
+
+// begin resets the per-step state for a pass of step in mode.
+func (st *state) begin(mode int) {
+	st.mode, st.err, st.dynamic, st.stale, st.dynOf = mode, nil, false, false, nil
+	st.outN, st.out, st.sig = 0, 0, st.sig[:0]
+}
 
 // Run runs step over b's rows on the GPU.
 func (d *Device) Run(b *backend.Batch, step func(backend.Ops)) error {
+	if err := d.check(b); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.do(func(r runner) error { return d.runStep(r, b, step) })
+	if err != nil {
+		return fmt.Errorf("cuda: %w", err)
+	}
+	for i, s := range b.Seqs {
+		s.(*seq).n += len(b.Tokens[i])
+	}
+	return nil
+}
+
+// check validates a batch against the device and its sequences.
+func (d *Device) check(b *backend.Batch) error {
 	if len(b.Seqs) != len(b.Tokens) {
 		return fmt.Errorf("cuda: %d sequences but %d token lists", len(b.Seqs), len(b.Tokens))
+	}
+	if b.RopeLen != nil && len(b.RopeLen) != len(b.Seqs) {
+		return fmt.Errorf("cuda: %d RoPE lengths for %d sequences", len(b.RopeLen), len(b.Seqs))
+	}
+	if b.Logits < backend.NoLogits || b.Logits > backend.AllLogits {
+		return fmt.Errorf("cuda: unknown logits kind %d", b.Logits)
 	}
 	rows := b.Rows()
 	if rows > d.opt.MaxRows {
@@ -138,107 +289,120 @@ func (d *Device) Run(b *backend.Batch, step func(backend.Ops)) error {
 			return fmt.Errorf("cuda: sequence %d: %d tokens at position %d, context %d", i, n, c.n, c.ctx)
 		}
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return nil
+}
+
+// runStep stages the inputs, runs step (a graph replay when a decode
+// step's launches equal a recorded graph's) and copies the logits back.
+func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) error {
 	if d.st == nil {
 		d.st = &state{d: d, bufs: map[string]devBuf{}}
 	}
 	st := d.st
-	st.b, st.err, st.rows = b, nil, rows
+	st.r, st.b, st.rows = r, b, b.Rows()
+	defer func() { st.r, st.b = nil, nil }()
 	st.last = st.last[:0]
-	err := d.dev.Do(func(c *driver.Ctx) error {
-		st.c = c
-		defer func() { st.c = nil }()
-		// Stage ids, positions and slots: one host-to-device copy.
-		stage := d.stage.Bytes()
-		M := d.opt.MaxRows
-		r := 0
-		for i, toks := range b.Tokens {
-			s := b.Seqs[i].(*seq)
-			for t, tok := range toks {
-				binary.LittleEndian.PutUint32(stage[4*r:], uint32(int32(tok)))
-				binary.LittleEndian.PutUint32(stage[4*(M+r):], uint32(int32(s.n+t)))
-				binary.LittleEndian.PutUint32(stage[4*(2*M+r):], uint32(int32(s.slot)))
-				r++
-			}
-			st.last = append(st.last, r-1)
+	// Stage ids, positions and slots: one host-to-device copy. The stage
+	// is free: the previous step ended with a sync after its last copy.
+	stage := r.stage()
+	M := d.opt.MaxRows
+	row := 0
+	for i, toks := range b.Tokens {
+		s := b.Seqs[i].(*seq)
+		for t, tok := range toks {
+			binary.LittleEndian.PutUint32(stage[4*row:], uint32(int32(tok)))
+			binary.LittleEndian.PutUint32(stage[4*(M+row):], uint32(int32(s.n+t)))
+			binary.LittleEndian.PutUint32(stage[4*(2*M+row):], uint32(int32(s.slot)))
+			row++
 		}
-		st.in = st.buf("inputs", int64(12*M))
+		st.last = append(st.last, row-1)
+	}
+	st.begin(modeRun)
+	st.in = st.buf("inputs", int64(12*M))
+	if st.err != nil {
+		return st.err
+	}
+	if err := r.htod(st.in, 0, 12*M); err != nil {
+		return err
+	}
+	key := graphKey{rows: st.rows, logits: b.Logits}
+	graphs := st.rows == len(b.Seqs) && d.opt.Graphs && !d.opt.Eager
+	replayed := false
+	if g, ok := d.graphs[key]; ok && graphs {
+		// Pack the step without launching it: replay only if it equals
+		// the recording (same weights, buffers, shapes and scalars).
+		st.begin(modeCheck)
+		step(st)
 		if st.err != nil {
 			return st.err
 		}
-		if err := c.HtoDAsync(st.in, d.stage, 0, 12*M, d.strm); err != nil {
-			return err
-		}
-		key, decode := graphKey{rows: rows, logits: b.Logits}, rows == len(b.Seqs)
-		if g, ok := d.graphs[key]; ok && decode && !d.opt.Eager {
-			// Replay: the whole step is one launch.
-			st.H, st.out, st.outN = g.H, g.out, g.outN
-			if err := c.GraphLaunch(g.exec, d.strm); err != nil {
+		if !st.dynamic && !st.stale && bytes.Equal(st.sig, g.sig) {
+			if err := r.graphLaunch(g.exec); err != nil {
 				return err
 			}
 			d.replays++
-		} else {
-			st.dynamic, st.outN = false, 0
-			step(st)
-			if st.err != nil {
-				return st.err
-			}
-			if decode && d.opt.Graphs && !st.dynamic {
-				// The step ran eagerly once with these shapes (its scratch
-				// is sized); record it for the next steps of this shape.
-				if err := d.capture(c, st, key, step); err != nil {
-					return err
-				}
-			}
+			replayed = true
 		}
-		if st.outN > 0 {
-			if err := st.copyLogits(); err != nil {
+	}
+	if !replayed {
+		st.begin(modeRun)
+		step(st)
+		if st.err != nil {
+			return st.err
+		}
+		if graphs && !st.dynamic {
+			// The step ran eagerly with these shapes (its scratch is
+			// sized); record it for the next steps of this shape.
+			if err := d.capture(st, key, step); err != nil {
 				return err
 			}
 		}
-		return c.StreamSync(d.strm)
-	})
-	if err != nil {
-		return fmt.Errorf("cuda: %w", err)
 	}
-	for i, s := range b.Seqs {
-		s.(*seq).n += len(b.Tokens[i])
+	if st.outN > 0 {
+		if err := st.copyLogits(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return r.sync()
 }
 
-// capture records step on the device's stream as a graph for key.
-func (d *Device) capture(c *driver.Ctx, st *state, key graphKey, step func(backend.Ops)) error {
+// capture records step on the device's stream as the graph for key.
+func (d *Device) capture(st *state, key graphKey, step func(backend.Ops)) error {
+	r := st.r
 	// The eager step must finish before recording starts on its stream.
-	if err := c.StreamSync(d.strm); err != nil {
+	if err := r.sync(); err != nil {
 		return err
 	}
-	if err := c.BeginCapture(d.strm, driver.CaptureThreadLocal); err != nil {
+	H, out, outN := st.H, st.out, st.outN
+	if err := r.beginCapture(); err != nil {
 		return err
 	}
-	st.capturing = true
+	st.begin(modeCapture)
 	step(st)
-	st.capturing = false
-	g, err := c.EndCapture(d.strm)
+	st.mode = modeRun
+	exec, err := r.endCapture()
 	if st.err != nil {
 		if err == nil {
-			c.DestroyGraph(g)
+			r.destroyGraph(exec)
 		}
 		return st.err
 	}
 	if err != nil {
 		return err
 	}
-	exec, err := c.Instantiate(g)
-	c.DestroyGraph(g)
-	if err != nil {
-		return err
+	if st.H != H || st.out != out || st.outN != outN {
+		r.destroyGraph(exec)
+		return fmt.Errorf("cuda: the recorded step differs from the eager one (logits at %#x/%d, then %#x/%d)", out, outN, st.out, st.outN)
 	}
 	if d.graphs == nil {
 		d.graphs = map[graphKey]graph{}
 	}
-	d.graphs[key] = graph{exec: exec, H: st.H, out: st.out, outN: st.outN}
+	if old, ok := d.graphs[key]; ok {
+		if err := r.destroyGraph(old.exec); err != nil {
+			return err
+		}
+	}
+	d.graphs[key] = graph{exec: exec, sig: bytes.Clone(st.sig), H: st.H, out: st.out, outN: st.outN}
 	return nil
 }
 
@@ -256,8 +420,12 @@ func ptrOf(v backend.Vec) driver.DevicePtr {
 	return v.(*vec).p
 }
 
-// Embed gathers the tokens' embedding rows into x.
+// Embed gathers the tokens' embedding rows into x. A token outside the
+// table is an error (as on the CPU; the kernel would write zeros).
 func (st *state) Embed(table backend.Mat) {
+	if st.err != nil {
+		return
+	}
 	m := table.(*mat)
 	f, err := kernelFormat(m.dt)
 	if err != nil {
@@ -267,14 +435,26 @@ func (st *state) Embed(table backend.Mat) {
 	if m.dt == quant.Q82F {
 		f = "q82f"
 	}
+	for _, toks := range st.b.Tokens {
+		for _, tok := range toks {
+			if tok < 0 || tok >= m.rows {
+				st.fail(fmt.Errorf("cuda: token %d outside the %d-row embedding table", tok, m.rows))
+				return
+			}
+		}
+	}
 	st.H = m.cols
-	x := st.buf("x", int64(st.d.opt.MaxRows*m.cols*4))
+	x := st.buf("x", int64(st.d.opt.MaxRows)*int64(m.cols)*4)
 	st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(st.ids()).Ptr(x).Int(m.cols)
 	st.launch("embed_"+f, driver.D1(st.rows), driver.D1(256), 0)
 }
 
 // rmsnorm writes norm(x[r]) to y[r] for n rows of width H.
 func (st *state) rmsnorm(x driver.DevicePtr, y driver.DevicePtr, rows, H int, n *backend.Norm) {
+	if n.W == nil || n.W.Len() != H {
+		st.fail(fmt.Errorf("cuda: a norm over %d values needs a weight of %d", H, H))
+		return
+	}
 	st.a().Ptr(x).Int(H).Ptr(ptrOf(n.W)).Ptr(y).Int(H).Int(H).F32(n.Eps).Int(b2i(n.OnePlus))
 	st.launch("rmsnorm", driver.D1(rows), driver.D1(256), 0)
 }
@@ -286,10 +466,16 @@ func b2i(b bool) int {
 	return 0
 }
 
+// maxMatvecRows is the most activation rows one mv_* launch serves.
+const maxMatvecRows = 8
+
 // mv computes y[r] (=|+=) m·x[r] (+ bias) for rows activation rows: the
 // batched matvec up to 8 rows (each weight read once for all rows), the
 // tensor-core GEMM above that for quantized weights (prefill chunks).
 func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy int, bias driver.DevicePtr, accumulate bool, rows int) {
+	if st.err != nil {
+		return
+	}
 	f, err := kernelFormat(m.dt)
 	if err != nil {
 		st.fail(err)
@@ -297,12 +483,12 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 	}
 	if m.dt == quant.Q82F {
 		// Activations prescaled by the column field, then q8_row's kernel.
-		xs := st.buf("xs", int64(st.d.opt.MaxRows*m.cols*4))
+		xs := st.buf("xs", int64(st.d.opt.MaxRows)*int64(m.cols)*4)
 		st.a().Ptr(m.p).I64(m.colOff).Int(m.cols).Ptr(x).Int(ldx).Ptr(xs).Int(m.cols)
 		st.launch("q82f_prescale", driver.D2((m.cols+255)/256, rows), driver.D1(256), 0)
 		x, ldx = xs, m.cols
 	}
-	if rows > 8 && m.dt != quant.F32 && m.dt != quant.F16 && m.dt != quant.BF16 {
+	if rows > maxMatvecRows && m.dt != quant.F32 && m.dt != quant.F16 && m.dt != quant.BF16 {
 		// Prefill over quantized weights: the tensor-core GEMM (bf16
 		// activations, exact int8 weights, f32 accumulation: within the
 		// formats' own error). Float weights keep the exact f32 matvec.
@@ -310,12 +496,33 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
 		return
 	}
-	for r0 := 0; r0 < rows; r0 += 8 {
-		R := min(8, rows-r0)
-		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x.Add(int64(4 * r0 * ldx))).Int(ldx).
-			Ptr(y.Add(int64(4 * r0 * ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
+	for r0 := 0; r0 < rows; r0 += maxMatvecRows {
+		R := min(maxMatvecRows, rows-r0)
+		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x.Add(4 * int64(r0) * int64(ldx))).Int(ldx).
+			Ptr(y.Add(4 * int64(r0) * int64(ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
 		st.launch(fmt.Sprintf("mv_%s_r%d", f, R), driver.D1((m.rows+7)/8), driver.D1(128), 0)
 	}
+}
+
+// Attention kernel limits (attn.cu): ATT_MAXD·32 head dimensions, and the
+// dynamic shared memory of attn_split per head dimension.
+const (
+	attnMaxHeadDim = 256
+	attnWarps      = 4
+	attnMaxG       = 8
+)
+
+// attnSplits is the number of splits of the attention over a row's
+// positions for rows rows: enough blocks to fill the device twice.
+func attnSplits(sms, nkv, rows int) int {
+	return max(1, min(64, 2*sms/max(1, nkv*rows)))
+}
+
+// attnPartRows bounds rows·attnSplits(rows) over every rows ≤ maxRows, so
+// that one partials buffer serves every step (a fixed address between
+// steps of different shapes): rows·⌊2·sms/(nkv·rows)⌋ ≤ 2·sms/nkv.
+func attnPartRows(sms, nkv, maxRows int) int {
+	return max(maxRows, 2*sms/max(1, nkv))
 }
 
 // Attention adds layer's attention block to x.
@@ -330,16 +537,24 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	d, R, H, hd := st.d, st.rows, st.H, w.HeadDim
 	M := d.opt.MaxRows
 	nq, nkv := w.Heads, w.KVHeads
+	if nkv < 1 || nq < nkv || nq%nkv != 0 || hd < 2 || hd > attnMaxHeadDim {
+		st.fail(fmt.Errorf("cuda: attention with %d query heads, %d kv heads of %d dimensions (the kernels take a multiple of the kv heads, at most %d dimensions)", nq, nkv, hd, attnMaxHeadDim))
+		return
+	}
+	if d.spec == nil || layer < 0 || layer >= len(d.kc) || d.kc[layer] == 0 || nkv != d.spec.KVHeads || hd != d.spec.HeadDim {
+		st.fail(fmt.Errorf("cuda: layer %d (%d kv heads of %d) has no K/V cache in the pool", layer, nkv, hd))
+		return
+	}
 	qd, kvd := nq*hd, nkv*hd
 	ld := qd + 2*kvd
-	x := st.buf("x", int64(M*H*4))
-	xb := st.buf("xb", int64(M*H*4))
-	qkv := st.buf("qkv", int64(M*ld*4))
-	att := st.buf("att", int64(M*qd*4))
+	x := st.buf("x", int64(M)*int64(H)*4)
+	xb := st.buf("xb", int64(M)*int64(H)*4)
+	qkv := st.buf("qkv", int64(M)*int64(ld)*4)
+	att := st.buf("att", int64(M)*int64(qd)*4)
 	r := w.Rope.(*ropeTab)
-	if r.t.Dynamic() {
-		st.dynamic = true
-		st.dynamicRope(r)
+	if r.Dim() > hd || r.Dim()%2 != 0 {
+		st.fail(fmt.Errorf("cuda: RoPE over %d dimensions of a %d-dimension head", r.Dim(), hd))
+		return
 	}
 	// xb = input_layernorm(x); q|k|v = W·xb (+ bias), side by side per row.
 	st.rmsnorm(x, xb, R, H, &w.Norm)
@@ -356,39 +571,81 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.launch("head_rmsnorm", driver.D2(nkv, R), driver.D1(32), 0)
 	}
 	ctx := d.opt.Ctx
-	st.a().Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).Ptr(r.inv).F32(r.mscale).
-		Ptr(st.pos()).Ptr(st.slot()).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
-	st.launch("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0)
+	if r.t.Dynamic() {
+		// Each sequence's own frequencies: one launch per sequence over
+		// its rows (consecutive), each with its table.
+		st.dynamicRope(r)
+		if st.err != nil || st.mode == modeCheck {
+			return // a dynamic step is never replayed: nothing more to compare
+		}
+		r0 := 0
+		for i, last := range st.last {
+			n := last + 1 - r0
+			st.a().Ptr(qkv.Add(4 * int64(r0) * int64(ld))).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).
+				Ptr(st.dynInv.Add(int64(4 * i * (r.Dim() / 2)))).F32(st.dynMS[i]).
+				Ptr(st.pos().Add(int64(4 * r0))).Ptr(st.slot().Add(int64(4 * r0))).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
+			st.launch("rope_qk_append", driver.D2(nq+nkv, n), driver.D1(64), 0)
+			r0 = last + 1
+		}
+	} else {
+		st.a().Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).Ptr(r.inv).F32(r.mscale).
+			Ptr(st.pos()).Ptr(st.slot()).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
+		st.launch("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0)
+	}
 	// Causal attention: row r sees positions ≤ pos[r] (its chunk's earlier
 	// rows were appended above), split over nsplit chunks of the length.
-	nsplit := max(1, min(64, 2*d.info.SMs/max(1, nkv*R)))
-	part := st.buf("part", int64(M*nq*nsplit*(hd+2)*4))
+	nsplit := attnSplits(d.info.SMs, nkv, R)
+	part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M))*int64(nq)*int64(hd+2)*4)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).
 		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
-	st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), 4*8*(hd+2)*4)
+	st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4)
 	st.a().Ptr(part).Ptr(att).Int(qd).Int(nq).Int(hd).Int(nsplit)
 	st.launch("attn_merge", driver.D2(nq, R), driver.D1(128), 0)
 	// x += o_proj(att) (+ bias): the residual add in the matvec's epilogue.
 	st.mv(w.O.(*mat), att, qd, x, H, ptrOf(w.BO), true, R)
 }
 
-// dynamicRope recomputes dynamic-NTK frequencies for the step's sequence
-// length and uploads them (one sequence per step: each sequence's
-// frequencies differ).
+// dynamicRope computes, once per step, each sequence's dynamic-NTK
+// frequencies for its length and queues their upload (through the stage,
+// after the staged inputs, on the step's stream: kernels queued before it
+// still read the previous values, kernels after it the new ones).
 func (st *state) dynamicRope(r *ropeTab) {
-	b := st.b
-	if len(b.Seqs) != 1 {
-		st.fail(fmt.Errorf("cuda: dynamic RoPE scaling with %d sequences in one step is not supported yet", len(b.Seqs)))
+	st.dynamic = true
+	if st.dynOf == r {
 		return
 	}
-	n := b.Seqs[0].Len() + len(b.Tokens[0])
-	if b.RopeLen != nil && b.RopeLen[0] > 0 {
-		n = b.RopeLen[0]
+	if st.dynOf != nil {
+		st.fail(fmt.Errorf("cuda: two dynamic RoPE tables in one step"))
+		return
 	}
-	inv, scale := r.t.Freqs(n, make([]float32, r.Dim()/2))
-	r.mscale = scale
-	if err := st.c.HtoD(r.inv, f32Bytes(inv)); err != nil {
+	st.dynOf = r
+	b, half, M := st.b, r.Dim()/2, st.d.opt.MaxRows
+	n := int64(len(b.Seqs)) * int64(half) * 4
+	st.dynInv = st.buf("dyninv", int64(M)*int64(max(half, 1))*4)
+	if st.err != nil || st.mode == modeCheck {
+		return
+	}
+	off := 12 * M
+	stage := st.r.stage()
+	if int64(off)+n > int64(len(stage)) {
+		st.fail(fmt.Errorf("cuda: dynamic RoPE frequencies for %d sequences do not fit the stage", len(b.Seqs)))
+		return
+	}
+	st.dynMS = st.dynMS[:0]
+	buf := make([]float32, half)
+	for i, s := range b.Seqs {
+		n := s.Len() + len(b.Tokens[i])
+		if b.RopeLen != nil && b.RopeLen[i] > 0 {
+			n = b.RopeLen[i]
+		}
+		inv, scale := r.t.Freqs(n, buf)
+		for j, v := range inv {
+			binary.LittleEndian.PutUint32(stage[off+4*(i*half+j):], math.Float32bits(v))
+		}
+		st.dynMS = append(st.dynMS, scale)
+	}
+	if err := st.r.htod(st.dynInv, off, int(n)); err != nil {
 		st.fail(err)
 	}
 }
@@ -400,10 +657,10 @@ func (st *state) MLP(w *backend.MLP) {
 	}
 	M, R, H := st.d.opt.MaxRows, st.rows, st.H
 	I, _ := w.Gate.Dims()
-	x := st.buf("x", int64(M*H*4))
-	xb := st.buf("xb", int64(M*H*4))
-	gu := st.buf("gateup", int64(M*2*I*4))
-	h := st.buf("h", int64(M*I*4))
+	x := st.buf("x", int64(M)*int64(H)*4)
+	xb := st.buf("xb", int64(M)*int64(H)*4)
+	gu := st.buf("gateup", int64(M)*int64(2*I)*4)
+	h := st.buf("h", int64(M)*int64(I)*4)
 	st.rmsnorm(x, xb, R, H, &w.Norm)
 	st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
 	st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
@@ -412,7 +669,7 @@ func (st *state) MLP(w *backend.MLP) {
 	st.mv(w.Down.(*mat), h, I, x, H, ptrOf(w.BDown), true, R)
 }
 
-// Head computes the logits the batch asks for and copies them to b.Out.
+// Head computes the logits the batch asks for; Run copies them to b.Out.
 func (st *state) Head(w *backend.Head) {
 	if st.err != nil {
 		return
@@ -430,38 +687,40 @@ func (st *state) Head(w *backend.Head) {
 		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), n, V))
 		return
 	}
-	x := st.buf("x", int64(M*H*4))
+	x := st.buf("x", int64(M)*int64(H)*4)
 	src := x
 	if b.Logits == backend.LastLogits && n != st.rows {
 		// Gather each sequence's last row.
-		src = st.buf("xlast", int64(M*H*4))
+		src = st.buf("xlast", int64(M)*int64(H)*4)
 		for i, r := range st.last {
-			if err := st.c.DtoDAsync(src.Add(int64(4*i*H)), x.Add(int64(4*r*H)), int64(4*H), st.d.strm); err != nil {
-				st.fail(err)
-				return
-			}
+			st.copyD(src.Add(4*int64(i)*int64(H)), x.Add(4*int64(r)*int64(H)), 4*int64(H))
 		}
 	}
-	xb := st.buf("xb", int64(M*H*4))
-	logits := st.buf("logits", int64(n*V*4))
+	xb := st.buf("xb", int64(M)*int64(H)*4)
+	logits := st.buf("logits", int64(n)*int64(V)*4)
 	st.rmsnorm(src, xb, n, H, &w.Norm)
 	st.mv(w.W.(*mat), xb, H, logits, V, 0, false, n)
 	st.out, st.outN = logits, n*V
 }
 
 // copyLogits brings the step's logits back through the pinned stage, in
-// pieces that fit it, into b.Out.
+// pieces that fit it, into b.Out; each piece is read on the host only
+// after its copy has completed, and the stage is reused only then.
 func (st *state) copyLogits() error {
+	if len(st.b.Out) < st.outN {
+		return fmt.Errorf("cuda: logits buffer of %d for %d logits", len(st.b.Out), st.outN)
+	}
 	out := st.b.Out[:st.outN]
-	for off := 0; off < len(out); off += stageBytes / 4 {
-		k := min(stageBytes/4, len(out)-off)
-		if err := st.c.DtoHAsync(st.d.stage, 0, st.out.Add(int64(4*off)), 4*k, st.d.strm); err != nil {
+	sb := st.r.stage()
+	piece := len(sb) / 4
+	for off := 0; off < len(out); off += piece {
+		k := min(piece, len(out)-off)
+		if err := st.r.dtoh(0, st.out.Add(int64(4*off)), 4*k); err != nil {
 			return err
 		}
-		if err := st.c.StreamSync(st.d.strm); err != nil {
+		if err := st.r.sync(); err != nil {
 			return err
 		}
-		sb := st.d.stage.Bytes()
 		for i := range k {
 			out[off+i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
 		}

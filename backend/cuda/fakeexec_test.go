@@ -1,0 +1,386 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend/backendtest"
+	"github.com/cortiq/cortiq/backend/cpu"
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// A plain float64 model of each kernel, run by the fake on its memory when
+// numeric is set: what csrc/*.cu documents each kernel computes (not how).
+// With it the parity suite compares the Go side's whole dataflow (buffers,
+// offsets, strides, the order of launches, graph replays) with the CPU
+// backend, without a GPU.
+
+// f32s is a float32 view of fake device memory.
+type f32s []byte
+
+func (v f32s) at(i int) float32     { return math.Float32frombits(binary.LittleEndian.Uint32(v[4*i:])) }
+func (v f32s) set(i int, x float32) { binary.LittleEndian.PutUint32(v[4*i:], math.Float32bits(x)) }
+
+// view returns n floats at p (the launch checks have bounded every extent).
+func (f *fakeGPU) view(p driver.DevicePtr, n int) f32s {
+	a := f.find(p, 4*int64(n))
+	if a == nil || a.mem == nil {
+		f.t.Fatalf("fake: %d floats at %#x outside the allocations", n, p)
+	}
+	o := int(p - a.base)
+	return f32s(a.mem[o : o+4*n])
+}
+
+func (f *fakeGPU) bytesAt(p driver.DevicePtr, n int64) []byte {
+	a := f.find(p, n)
+	if a == nil || a.mem == nil {
+		f.t.Fatalf("fake: %d bytes at %#x outside the allocations", n, p)
+	}
+	o := int64(p - a.base)
+	return a.mem[o : o+n]
+}
+
+// bf16 rounds to the nearest bfloat16 (ties to even), as
+// __float2bfloat16_rn.
+func bf16(x float32) float32 {
+	b := math.Float32bits(x)
+	b += 0x7fff + (b>>16)&1
+	return math.Float32frombits(b &^ 0xffff)
+}
+
+func bf16Copy(f *fakeGPU, w []float32) []float32 {
+	key := fmt.Sprintf("bf16/%p", &w[0])
+	if v, ok := f.decoded[key]; ok {
+		return v
+	}
+	v := make([]float32, len(w))
+	for i, x := range w {
+		v[i] = bf16(x)
+	}
+	f.decoded[key] = v
+	return v
+}
+
+// q8scale is row o's f16 scale of a q8_row tensor (also q8_2f's).
+func (f *fakeGPU) q8scale(p driver.DevicePtr, rows, cols, o int) float32 {
+	b := f.bytesAt(p.Add(int64(rows)*int64(cols)+2*int64(o)), 2)
+	w, _ := quant.Decode(quant.F16, b, []int{1, 1})
+	return w[0]
+}
+
+var famDType = map[string]quant.DType{"f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16, "q8row": quant.Q8Row, "q82f": quant.Q82F, "q4tp": quant.Q4TP}
+
+// weights decodes a kernel's weight operand as its family reads it.
+func (f *fakeGPU) weights(fam string, p driver.DevicePtr, rows, cols int) []float32 {
+	key := fmt.Sprintf("%s/%#x/%d/%d", fam, p, rows, cols)
+	if w, ok := f.decoded[key]; ok {
+		return w
+	}
+	if fam == "q8quants" {
+		q := f.bytesAt(p, int64(rows)*int64(cols))
+		w := make([]float32, len(q))
+		for i, b := range q {
+			w[i] = float32(int8(b))
+		}
+		f.decoded[key] = w
+		return w
+	}
+	dt := famDType[fam]
+	n, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+	w, err := quant.Decode(dt, f.bytesAt(p, n), []int{rows, cols})
+	if err != nil {
+		f.t.Fatalf("fake: decoding %s %d×%d: %v", fam, rows, cols, err)
+	}
+	f.decoded[key] = w
+	return w
+}
+
+func rmsApply(x []float64, w f32s, eps float32, onePlus bool, out func(i int, v float32)) {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
+	}
+	inv := float32(1 / math.Sqrt(float64(float32(ss/float64(len(x)))+eps)))
+	for i, v := range x {
+		if onePlus {
+			out(i, (float32(v)*inv)*(1+w.at(i)))
+		} else {
+			out(i, w.at(i)*(float32(v)*inv))
+		}
+	}
+}
+
+// exec runs one launch's model on the fake memory.
+func (f *fakeGPU) exec(c *fakeCall) {
+	g := c.cfg.Grid
+	switch name := c.name; {
+	case strings.HasPrefix(name, "embed_"):
+		rows, cols, ldo, R := c.int(1), c.int(2), c.int(5), int(g.X)
+		w := f.weights(strings.TrimPrefix(name, "embed_"), c.ptr(0), rows, cols)
+		ids, _ := f.ints(c.ptr(3), R)
+		out := f.view(c.ptr(4), int(rowsSpan(R, ldo, cols)/4))
+		for r, id := range ids {
+			for i := range cols {
+				out.set(r*ldo+i, w[id*cols+i])
+			}
+		}
+	case name == "rmsnorm":
+		R, ldx, ldy, n, eps, op := int(g.X), c.int(1), c.int(4), c.int(5), c.f32(6), c.int(7) != 0
+		x, w, y := f.view(c.ptr(0), int(rowsSpan(R, ldx, n)/4)), f.view(c.ptr(2), n), f.view(c.ptr(3), int(rowsSpan(R, ldy, n)/4))
+		for r := range R {
+			row := make([]float64, n)
+			for i := range row {
+				row[i] = float64(x.at(r*ldx + i))
+			}
+			rmsApply(row, w, eps, op, func(i int, v float32) { y.set(r*ldy+i, v) })
+		}
+	case name == "head_rmsnorm":
+		nh, R, ldx, hd, eps, op := int(g.X), int(g.Y), c.int(1), c.int(3), c.f32(4), c.int(5) != 0
+		x, w := f.view(c.ptr(0), int(rowsSpan(R, ldx, nh*hd)/4)), f.view(c.ptr(2), hd)
+		for r := range R {
+			for h := range nh {
+				b := r*ldx + h*hd
+				row := make([]float64, hd)
+				for i := range row {
+					row[i] = float64(x.at(b + i))
+				}
+				rmsApply(row, w, eps, op, func(i int, v float32) { x.set(b+i, v) })
+			}
+		}
+	case strings.HasPrefix(name, "mv_"), strings.HasPrefix(name, "gemm_"):
+		fam := strings.Split(name, "_")[1]
+		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
+		var R int
+		var bias driver.DevicePtr
+		var acc bool
+		if name[0] == 'm' {
+			fmt.Sscanf(strings.Split(name, "_")[2], "r%d", &R)
+			bias, acc = c.ptr(7), c.int(8) != 0
+		} else {
+			R, bias, acc = c.int(7), c.ptr(8), c.int(9) != 0
+		}
+		var w []float32
+		if fam == "q8row" {
+			// q8_2f's bytes begin as q8_row's: decode that prefix.
+			w = f.weights("q8row", c.ptr(0), rows, cols)
+		} else {
+			w = f.weights(fam, c.ptr(0), rows, cols)
+		}
+		x, y := f.view(c.ptr(3), int(rowsSpan(R, ldx, cols)/4)), f.view(c.ptr(5), int(rowsSpan(R, ldy, rows)/4))
+		xat := x.at
+		if name[0] == 'g' {
+			// gemm.cu: activations rounded to bf16; so are non-q8
+			// weights (q8 quants are exact in bf16, their row scale is
+			// applied after the sum).
+			xat = func(i int) float32 { return bf16(x.at(i)) }
+			if fam != "q8row" {
+				w = bf16Copy(f, w)
+			} else {
+				w = f.weights("q8quants", c.ptr(0), rows, cols)
+			}
+		}
+		var b f32s
+		if bias != 0 {
+			b = f.view(bias, rows)
+		}
+		for r := range R {
+			for o := range rows {
+				var s float64
+				for i := range cols {
+					s += float64(w[o*cols+i]) * float64(xat(r*ldx+i))
+				}
+				v := float32(s)
+				if name[0] == 'g' && fam == "q8row" {
+					v *= f.q8scale(c.ptr(0), rows, cols, o)
+				}
+				if b != nil {
+					v += b.at(o)
+				}
+				if acc {
+					v += y.at(r*ldy + o)
+				}
+				y.set(r*ldy+o, v)
+			}
+		}
+	case name == "q82f_prescale":
+		off, cols, ldx, ldxs, R := c.i64(1), c.int(2), c.int(4), c.int(6), int(g.Y)
+		col := f32s(f.bytesAt(c.ptr(0).Add(off), 4*int64(cols)))
+		x, xs := f.view(c.ptr(3), int(rowsSpan(R, ldx, cols)/4)), f.view(c.ptr(5), int(rowsSpan(R, ldxs, cols)/4))
+		for r := range R {
+			for i := range cols {
+				xs.set(r*ldxs+i, x.at(r*ldx+i)*col.at(i))
+			}
+		}
+	case name == "rope_qk_append":
+		ld, nq, nkv, hd, rot, ms, ctx := c.int(1), c.int(2), c.int(3), c.int(4), c.int(5), c.f32(7), c.int(12)
+		R := int(g.Y)
+		qkv, inv := f.view(c.ptr(0), int(rowsSpan(R, ld, (nq+2*nkv)*hd)/4)), f.view(c.ptr(6), max(rot/2, 1))
+		pos, _ := f.ints(c.ptr(8), R)
+		slot, _ := f.ints(c.ptr(9), R)
+		per := f.seqs * nkv * ctx * hd
+		kc, vc := f.view(c.ptr(10), per), f.view(c.ptr(11), per)
+		rotate := func(b, p int) {
+			for i := range rot / 2 {
+				ang := float32(p) * inv.at(i)
+				cs, sn := float32(math.Cos(float64(ang)))*ms, float32(math.Sin(float64(ang)))*ms
+				a, bb := qkv.at(b+i), qkv.at(b+i+rot/2)
+				qkv.set(b+i, a*cs-bb*sn)
+				qkv.set(b+i+rot/2, bb*cs+a*sn)
+			}
+		}
+		for r := range R {
+			for h := range nq + nkv {
+				rotate(r*ld+h*hd, pos[r])
+			}
+			if pos[r] < 0 || pos[r] >= ctx {
+				continue
+			}
+			for j := range nkv {
+				base := ((slot[r]*nkv+j)*ctx + pos[r]) * hd
+				for d := range hd {
+					kc.set(base+d, qkv.at(r*ld+(nq+j)*hd+d))
+					vc.set(base+d, qkv.at(r*ld+(nq+nkv+j)*hd+d))
+				}
+			}
+		}
+	case name == "attn_split":
+		ldq, nq, nkv, hd, ctx, nsplit, scale := c.int(1), c.int(7), c.int(8), c.int(9), c.int(10), c.int(11), c.f32(12)
+		R := int(g.Z)
+		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
+		per := f.seqs * nkv * ctx * hd
+		kc, vc := f.view(c.ptr(2), per), f.view(c.ptr(3), per)
+		pos, _ := f.ints(c.ptr(4), R)
+		slot, _ := f.ints(c.ptr(5), R)
+		part := f.view(c.ptr(6), R*nq*nsplit*(hd+2))
+		G := nq / nkv
+		for r := range R {
+			n := min(max(pos[r]+1, 0), ctx)
+			chunk := (n + nsplit - 1) / nsplit
+			for s := range nsplit {
+				t0, t1 := s*chunk, min(n, s*chunk+chunk)
+				for h := range nq {
+					base := (slot[r]*nkv + h/G) * ctx * hd
+					m, l := math.Inf(-1), 0.0
+					o := make([]float64, hd)
+					for t := t0; t < t1; t++ {
+						var dot float64
+						for d := range hd {
+							dot += float64(q.at(r*ldq+h*hd+d)) * float64(kc.at(base+t*hd+d))
+						}
+						sc := dot * float64(scale)
+						mn := math.Max(m, sc)
+						corr, p := math.Exp(m-mn), math.Exp(sc-mn)
+						l = l*corr + p
+						for d := range hd {
+							o[d] = o[d]*corr + p*float64(vc.at(base+t*hd+d))
+						}
+						m = mn
+					}
+					pb := ((r*nq+h)*nsplit + s) * (hd + 2)
+					part.set(pb, float32(m))
+					part.set(pb+1, float32(l))
+					for d := range hd {
+						part.set(pb+2+d, float32(o[d]))
+					}
+				}
+			}
+		}
+	case name == "attn_merge":
+		ldo, nq, hd, nsplit := c.int(2), c.int(3), c.int(4), c.int(5)
+		R := int(g.Y)
+		part, out := f.view(c.ptr(0), R*nq*nsplit*(hd+2)), f.view(c.ptr(1), int(rowsSpan(R, ldo, nq*hd)/4))
+		for r := range R {
+			for h := range nq {
+				pb := (r*nq + h) * nsplit * (hd + 2)
+				M := math.Inf(-1)
+				for s := range nsplit {
+					M = math.Max(M, float64(part.at(pb+s*(hd+2))))
+				}
+				var L float64
+				O := make([]float64, hd)
+				for s := range nsplit {
+					ms := float64(part.at(pb + s*(hd+2)))
+					if math.IsInf(ms, -1) {
+						continue
+					}
+					e := math.Exp(ms - M)
+					L += float64(part.at(pb+s*(hd+2)+1)) * e
+					for d := range hd {
+						O[d] += float64(part.at(pb+s*(hd+2)+2+d)) * e
+					}
+				}
+				for d := range hd {
+					v := 0.0
+					if L > 0 {
+						v = O[d] / L
+					}
+					out.set(r*ldo+h*hd+d, float32(v))
+				}
+			}
+		}
+	case name == "silu_mul":
+		ldi, ldh, n, R := c.int(2), c.int(4), c.int(5), int(g.Y)
+		gv, u, h := f.view(c.ptr(0), int(rowsSpan(R, ldi, n)/4)), f.view(c.ptr(1), int(rowsSpan(R, ldi, n)/4)), f.view(c.ptr(3), int(rowsSpan(R, ldh, n)/4))
+		for r := range R {
+			for i := range n {
+				v := float64(gv.at(r*ldi + i))
+				h.set(r*ldh+i, float32(v/(1+math.Exp(-v))*float64(u.at(r*ldi+i))))
+			}
+		}
+	default:
+		f.t.Fatalf("fake: no model of kernel %s", name)
+	}
+}
+
+func (c *fakeCall) f32(i int) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(c.args[c.offs[i]:]))
+}
+
+// TestParitySuiteNumericOnFake runs the GPU parity suite (every case and
+// schedule) on the fake with the kernels' models and compares its logits
+// with the CPU backend's at TestGPUParity's tolerances, with graphs on
+// (replays re-run the recorded launches) and off.
+func TestParitySuiteNumericOnFake(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	worst := map[quant.DType]float64{}
+	defer func() { t.Logf("worst NMSE against the CPU per format: %v", worst) }()
+	for _, graphs := range []bool{false, true} {
+		f := newFake(t, 4)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		for _, k := range backendtest.Cases() {
+			tol := 1e-9
+			switch k.DType {
+			case quant.Q8Row, quant.Q82F, quant.Q4TP:
+				tol = 2e-4 // the CPU runs quantized formats on int8 activations (worst here ≈1.1e-4)
+			}
+			for name, sched := range backendtest.Schedules() {
+				got, err := backendtest.Run(d, k, sched, 11)
+				if notYet(err) {
+					t.Logf("%s: NOT RUN (%v)", k.Name, err)
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s / %s: %v", k.Name, name, err)
+				}
+				want, err := backendtest.Run(c, k, sched, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := backendtest.NMSE(got, want)
+				worst[k.DType] = max(worst[k.DType], n)
+				if n > tol || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: NMSE %.3g against the CPU (tolerance %.0g)", graphs, k.Name, name, n, tol)
+				}
+			}
+		}
+		if graphs && f.replays == 0 {
+			t.Fatal("no step was replayed")
+		}
+	}
+}

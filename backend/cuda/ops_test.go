@@ -1,0 +1,863 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/backend/backendtest"
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/rope"
+)
+
+// The tests of this file run the ops' host side against a fake device
+// (fakeGPU): every launch is checked against the embedded manifest (the
+// kernel exists, the packed parameter sizes are its C parameters'), against
+// the launch shape its csrc comment documents, and every pointer it is
+// given against the allocations, over the extent the kernel reads or
+// writes. Positions and slots are read back from the staged inputs as the
+// kernels would read them.
+
+// fakeAlloc is one fake device allocation; mem backs the small ones.
+type fakeAlloc struct {
+	base driver.DevicePtr
+	n    int64
+	mem  []byte
+}
+
+type fakeCall struct {
+	name string
+	cfg  driver.Config
+	args []byte
+	offs []int
+}
+
+type fakeGPU struct {
+	t         *testing.T
+	man       *kern.Manifest
+	next      driver.DevicePtr
+	allocs    []*fakeAlloc
+	stageMem  []byte
+	capturing bool
+	graphs    map[driver.GraphExec][]fakeCall
+	nextExec  driver.GraphExec
+	calls     []fakeCall // every launch queued (not while capturing)
+	captured  []fakeCall
+	replays   int
+	seqs      int // slots of the K/V pool
+	// expect, when set, gives each row's expected position and slot.
+	expectPos, expectSlot []int
+	d                     *Device // the device whose staged inputs positions are read from
+	// numeric runs each launch's model (fakeexec_test.go) on the memory.
+	numeric bool
+	decoded map[string][]float32
+}
+
+// inputs returns the staged-inputs buffer and its rows.
+func (f *fakeGPU) inputs() (driver.DevicePtr, int) {
+	return f.d.st.bufs["inputs"].p, f.d.opt.MaxRows
+}
+
+func newFake(t *testing.T, seqs int) *fakeGPU {
+	t.Helper()
+	m, err := kern.ReadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Built() {
+		t.Fatal("the embedded kernel build is missing")
+	}
+	return &fakeGPU{t: t, man: m, next: 0x7f0000000000, stageMem: make([]byte, 1<<20), graphs: map[driver.GraphExec][]fakeCall{}, seqs: seqs}
+}
+
+func (f *fakeGPU) memInfo() (free, total int64, err error) { return 1 << 40, 1 << 40, nil }
+
+func (f *fakeGPU) alloc(n int64) (driver.DevicePtr, error) {
+	if f.capturing {
+		f.t.Errorf("allocation of %d bytes while capturing", n)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("fake: alloc of %d", n)
+	}
+	a := &fakeAlloc{base: f.next, n: n}
+	if n <= 64<<20 {
+		a.mem = make([]byte, n)
+	}
+	f.allocs = append(f.allocs, a)
+	f.next = f.next.Add((n + 4096 + 255) &^ 255) // a gap: an overrun lands outside every allocation
+	return a.base, nil
+}
+
+func (f *fakeGPU) free(p driver.DevicePtr) error {
+	if f.capturing {
+		f.t.Errorf("free while capturing")
+	}
+	for i, a := range f.allocs {
+		if a.base == p {
+			f.allocs = append(f.allocs[:i], f.allocs[i+1:]...)
+			return nil
+		}
+	}
+	return fmt.Errorf("fake: free of %#x, not an allocation", p)
+}
+
+// find returns the allocation holding [p, p+n), or nil.
+func (f *fakeGPU) find(p driver.DevicePtr, n int64) *fakeAlloc {
+	for _, a := range f.allocs {
+		if p >= a.base && int64(p-a.base)+n <= a.n {
+			return a
+		}
+	}
+	return nil
+}
+
+func (f *fakeGPU) sync() error {
+	if f.capturing {
+		f.t.Errorf("stream sync while capturing")
+	}
+	return nil
+}
+
+func (f *fakeGPU) stage() []byte { return f.stageMem }
+
+func (f *fakeGPU) htod(dst driver.DevicePtr, off, n int) error {
+	if f.capturing {
+		f.t.Errorf("host-to-device copy while capturing")
+	}
+	a := f.find(dst, int64(n))
+	if a == nil || off < 0 || off+n > len(f.stageMem) {
+		return fmt.Errorf("fake: htod of %d bytes to %#x from stage offset %d", n, dst, off)
+	}
+	if a.mem != nil {
+		copy(a.mem[dst-a.base:], f.stageMem[off:off+n])
+	}
+	return nil
+}
+
+func (f *fakeGPU) dtoh(off int, src driver.DevicePtr, n int) error {
+	a := f.find(src, int64(n))
+	if a == nil || off < 0 || off+n > len(f.stageMem) {
+		return fmt.Errorf("fake: dtoh of %d bytes from %#x to stage offset %d", n, src, off)
+	}
+	if a.mem != nil {
+		copy(f.stageMem[off:off+n], a.mem[src-a.base:])
+	}
+	return nil
+}
+
+func (f *fakeGPU) dtod(dst, src driver.DevicePtr, n int64) error {
+	a, b := f.find(dst, n), f.find(src, n)
+	if a == nil || b == nil {
+		return fmt.Errorf("fake: dtod of %d bytes %#x → %#x outside the allocations", n, src, dst)
+	}
+	if f.numeric {
+		copy(f.bytesAt(dst, n), f.bytesAt(src, n))
+	}
+	return nil
+}
+
+func (f *fakeGPU) beginCapture() error {
+	if f.capturing {
+		return fmt.Errorf("fake: capture begun twice")
+	}
+	f.capturing, f.captured = true, nil
+	return nil
+}
+
+func (f *fakeGPU) endCapture() (driver.GraphExec, error) {
+	if !f.capturing {
+		return 0, fmt.Errorf("fake: capture ended without beginning")
+	}
+	f.capturing = false
+	f.nextExec++
+	f.graphs[f.nextExec] = f.captured
+	return f.nextExec, nil
+}
+
+func (f *fakeGPU) graphLaunch(e driver.GraphExec) error {
+	if _, ok := f.graphs[e]; !ok {
+		return fmt.Errorf("fake: launch of graph %d, destroyed or never made", e)
+	}
+	f.replays++
+	if f.numeric {
+		for i := range f.graphs[e] {
+			f.exec(&f.graphs[e][i])
+		}
+	}
+	return nil
+}
+
+func (f *fakeGPU) destroyGraph(e driver.GraphExec) error {
+	if _, ok := f.graphs[e]; !ok {
+		return fmt.Errorf("fake: graph %d destroyed twice", e)
+	}
+	delete(f.graphs, e)
+	return nil
+}
+
+// Parameter readers over a packed call.
+func (c *fakeCall) ptr(i int) driver.DevicePtr {
+	return driver.DevicePtr(binary.LittleEndian.Uint64(c.args[c.offs[i]:]))
+}
+func (c *fakeCall) int(i int) int { return int(int32(binary.LittleEndian.Uint32(c.args[c.offs[i]:]))) }
+func (c *fakeCall) i64(i int) int64 {
+	return int64(binary.LittleEndian.Uint64(c.args[c.offs[i]:]))
+}
+
+func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
+	k, ok := f.man.Kernel(name)
+	if !ok {
+		return fmt.Errorf("fake: no kernel %q in the manifest", name)
+	}
+	ps := make([]driver.Param, len(k.Params))
+	for i, n := range k.Params {
+		ps[i] = driver.Param{Size: n}
+	}
+	if err := a.Check(ps); err != nil {
+		return fmt.Errorf("fake: %s: %w", name, err)
+	}
+	c := fakeCall{name: name, cfg: cfg, args: append([]byte(nil), a.Bytes()...)}
+	for i := range a.Len() {
+		c.offs = append(c.offs, a.Offset(i))
+	}
+	if err := f.checkCall(&c); err != nil {
+		return fmt.Errorf("fake: %s (grid %v, block %v): %w", name, cfg.Grid, cfg.Block, err)
+	}
+	if f.capturing {
+		f.captured = append(f.captured, c)
+	} else {
+		f.calls = append(f.calls, c)
+		if f.numeric {
+			f.exec(&c)
+		}
+	}
+	return nil
+}
+
+// span fails unless [p, p+n) lies in one allocation.
+func (f *fakeGPU) span(what string, p driver.DevicePtr, n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("%s: extent of %d bytes", what, n)
+	}
+	if f.find(p, n) == nil {
+		return fmt.Errorf("%s: [%#x, +%d) is not inside one allocation", what, p, n)
+	}
+	return nil
+}
+
+// rowsSpan is the extent of R rows of width n floats at stride ld.
+func rowsSpan(R, ld, n int) int64 { return 4 * (int64(R-1)*int64(ld) + int64(n)) }
+
+// ints reads n int32 values at p from the fake memory.
+func (f *fakeGPU) ints(p driver.DevicePtr, n int) ([]int, error) {
+	a := f.find(p, 4*int64(n))
+	if a == nil || a.mem == nil {
+		return nil, fmt.Errorf("int32[%d] at %#x is not inside one allocation", n, p)
+	}
+	v := make([]int, n)
+	for i := range v {
+		v[i] = int(int32(binary.LittleEndian.Uint32(a.mem[int(p-a.base)+4*i:])))
+	}
+	return v, nil
+}
+
+func weightBytes(family string, rows, cols int) int64 {
+	dt := map[string]quant.DType{"f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16, "q8row": quant.Q8Row, "q82f": quant.Q82F, "q4tp": quant.Q4TP}[family]
+	n, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+	return n
+}
+
+func want(cond bool, format string, a ...any) error {
+	if cond {
+		return nil
+	}
+	return fmt.Errorf(format, a...)
+}
+
+// checkKV checks the rows' positions and slots (as the kernels read them)
+// against the expected ones and the cache extent they address.
+func (f *fakeGPU) checkKV(c *fakeCall, posArg, slotArg, kcArg, vcArg int, R, nkv, hd, ctx int) error {
+	pos, err := f.ints(c.ptr(posArg), R)
+	if err != nil {
+		return fmt.Errorf("pos: %w", err)
+	}
+	slot, err := f.ints(c.ptr(slotArg), R)
+	if err != nil {
+		return fmt.Errorf("slot: %w", err)
+	}
+	// The launch's first row within the step, from where its positions
+	// are read; its slots must be read from the same row.
+	in, M := f.inputs()
+	r0 := int(int64(c.ptr(posArg))-int64(in.Add(4*int64(M)))) / 4
+	if r0 < 0 || r0+R > M || c.ptr(posArg) != in.Add(4*int64(M+r0)) || c.ptr(slotArg) != in.Add(4*int64(2*M+r0)) {
+		return fmt.Errorf("positions at %#x, slots at %#x: not rows %d.. of the staged inputs at %#x (%d rows)", c.ptr(posArg), c.ptr(slotArg), r0, in, M)
+	}
+	for r := range R {
+		if e := r0 + r; f.expectPos != nil && (e >= len(f.expectPos) || pos[r] != f.expectPos[e] || slot[r] != f.expectSlot[e]) {
+			return fmt.Errorf("row %d reads position %d slot %d, the step has %v, %v", e, pos[r], slot[r], f.expectPos, f.expectSlot)
+		}
+		if slot[r] < 0 || slot[r] >= f.seqs || pos[r] < 0 || pos[r] >= ctx {
+			return fmt.Errorf("row %d: position %d slot %d outside the pool", r, pos[r], slot[r])
+		}
+		end := 4 * ((int64(slot[r]*nkv+nkv-1)*int64(ctx)+int64(pos[r]))*int64(hd) + int64(hd))
+		for _, i := range []int{kcArg, vcArg} {
+			if err := f.span("cache", c.ptr(i), end); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkCall checks one launch against its kernel's documented shape.
+func (f *fakeGPU) checkCall(c *fakeCall) error {
+	g, b := c.cfg.Grid, c.cfg.Block
+	name := c.name
+	switch {
+	case strings.HasPrefix(name, "embed_"):
+		rows, cols, ldo, R := c.int(1), c.int(2), c.int(5), int(g.X)
+		ids, err := f.ints(c.ptr(3), R)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			if id < 0 || id >= rows {
+				return fmt.Errorf("id %d outside the table of %d", id, rows)
+			}
+		}
+		return errorsJoin(want(b.X == 256 && g.Y == 1 && c.cfg.Shared == 0, "shape"),
+			f.span("W", c.ptr(0), weightBytes(strings.TrimPrefix(name, "embed_"), rows, cols)),
+			f.span("out", c.ptr(4), rowsSpan(R, ldo, cols)))
+	case name == "rmsnorm":
+		R, ldx, ldy, n := int(g.X), c.int(1), c.int(4), c.int(5)
+		return errorsJoin(want(b.X == 256 && g.Y == 1, "shape"), want(ldx >= n && ldy >= n, "ld"),
+			f.span("x", c.ptr(0), rowsSpan(R, ldx, n)), f.span("w", c.ptr(2), 4*int64(n)), f.span("y", c.ptr(3), rowsSpan(R, ldy, n)))
+	case name == "head_rmsnorm":
+		nh, R, ldx, hd := int(g.X), int(g.Y), c.int(1), c.int(3)
+		return errorsJoin(want(b.X == 32, "block %v", b), want(ldx >= nh*hd, "ld"),
+			f.span("x", c.ptr(0), rowsSpan(R, ldx, nh*hd)), f.span("w", c.ptr(2), 4*int64(hd)))
+	case strings.HasPrefix(name, "mv_"):
+		parts := strings.Split(name, "_") // mv, family, rR
+		R, _ := strconv.Atoi(strings.TrimPrefix(parts[2], "r"))
+		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
+		errs := []error{want(R >= 1 && R <= 8, "R %d", R), want(int(g.X) == (rows+7)/8 && g.Y == 1 && b.X == 128, "shape"),
+			want(ldx >= cols && ldy >= rows, "ld"),
+			f.span("W", c.ptr(0), weightBytes(parts[1], rows, cols)),
+			f.span("x", c.ptr(3), rowsSpan(R, ldx, cols)), f.span("y", c.ptr(5), rowsSpan(R, ldy, rows))}
+		if bias := c.ptr(7); bias != 0 {
+			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+		}
+		return errorsJoin(errs...)
+	case strings.HasPrefix(name, "gemm_"):
+		rows, cols, ldx, ldy, T := c.int(1), c.int(2), c.int(4), c.int(6), c.int(7)
+		errs := []error{want(int(g.X) == (rows+63)/64 && int(g.Y) == (T+63)/64 && b.X == 128, "shape"),
+			want(ldx >= cols && ldy >= rows, "ld"),
+			f.span("W", c.ptr(0), weightBytes(strings.TrimPrefix(name, "gemm_"), rows, cols)),
+			f.span("X", c.ptr(3), rowsSpan(T, ldx, cols)), f.span("Y", c.ptr(5), rowsSpan(T, ldy, rows))}
+		if bias := c.ptr(8); bias != 0 {
+			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+		}
+		return errorsJoin(errs...)
+	case name == "q82f_prescale":
+		off, cols, ldx, ldxs, R := c.i64(1), c.int(2), c.int(4), c.int(6), int(g.Y)
+		return errorsJoin(want(int(g.X) == (cols+255)/256 && b.X == 256, "shape"), want(ldx >= cols && ldxs >= cols, "ld"),
+			f.span("W col field", c.ptr(0), off+4*int64(cols)),
+			f.span("x", c.ptr(3), rowsSpan(R, ldx, cols)), f.span("xs", c.ptr(5), rowsSpan(R, ldxs, cols)))
+	case name == "rope_qk_append":
+		ld, nq, nkv, hd, rot, ctx := c.int(1), c.int(2), c.int(3), c.int(4), c.int(5), c.int(12)
+		R := int(g.Y)
+		return errorsJoin(want(int(g.X) == nq+nkv && b.X == 64, "shape"), want(ld >= (nq+2*nkv)*hd, "ld %d", ld),
+			want(rot <= hd && rot%2 == 0, "rot %d", rot),
+			f.span("qkv", c.ptr(0), rowsSpan(R, ld, (nq+2*nkv)*hd)), f.span("inv", c.ptr(6), 4*int64(max(rot/2, 1))),
+			f.checkKV(c, 8, 9, 10, 11, R, nkv, hd, ctx))
+	case name == "attn_split":
+		ldq, nq, nkv, hd, ctx, nsplit := c.int(1), c.int(7), c.int(8), c.int(9), c.int(10), c.int(11)
+		R := int(g.Z)
+		return errorsJoin(want(int(g.X) == nsplit && int(g.Y) == nkv && b.X == 128, "shape"),
+			want(c.cfg.Shared == 4*8*(hd+2)*4, "shared %d", c.cfg.Shared), want(nq%nkv == 0 && hd <= 256, "heads"),
+			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))),
+			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx))
+	case name == "attn_merge":
+		ldo, nq, hd, nsplit := c.int(2), c.int(3), c.int(4), c.int(5)
+		R := int(g.Y)
+		return errorsJoin(want(int(g.X) == nq && b.X == 128, "shape"), want(ldo >= nq*hd, "ld"),
+			f.span("part", c.ptr(0), 4*int64(R*nq*nsplit*(hd+2))), f.span("out", c.ptr(1), rowsSpan(R, ldo, nq*hd)))
+	case name == "silu_mul":
+		ldi, ldh, n, R := c.int(2), c.int(4), c.int(5), int(g.Y)
+		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldi >= n && ldh >= n, "ld"),
+			f.span("g", c.ptr(0), rowsSpan(R, ldi, n)), f.span("u", c.ptr(1), rowsSpan(R, ldi, n)),
+			f.span("h", c.ptr(3), rowsSpan(R, ldh, n)))
+	}
+	return fmt.Errorf("no check written for kernel %s", name)
+}
+
+func errorsJoin(errs ...error) error {
+	var msgs []string
+	for _, e := range errs {
+		if e != nil {
+			msgs = append(msgs, e.Error())
+		}
+	}
+	if msgs == nil {
+		return nil
+	}
+	return fmt.Errorf("%s", strings.Join(msgs, "; "))
+}
+
+// testNet is a one-layer network resident on the fake device.
+type testNet struct {
+	embed *mat
+	attn  *backend.Attention
+	mlp   *backend.MLP
+	head  backend.Head
+}
+
+func (n *testNet) step(ops backend.Ops) {
+	ops.Embed(n.embed)
+	if n.attn != nil {
+		ops.Attention(n.attn, 0)
+	}
+	if n.mlp != nil {
+		ops.MLP(n.mlp)
+	}
+	ops.Head(&n.head)
+}
+
+type netShape struct {
+	dt                    quant.DType
+	H, I, nq, nkv, hd, V  int
+	bias, qknorm, dynamic bool
+}
+
+func (f *fakeGPU) mat(t *testing.T, dt quant.DType, rows, cols int) *mat {
+	n, err := quant.ExpectedBytes(dt, []int{rows, cols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := f.alloc(n)
+	m := &mat{dt: dt, rows: rows, cols: cols, p: p}
+	if dt == quant.Q82F {
+		m.colOff = quant.Q82FColOffset(rows, cols)
+	}
+	return m
+}
+
+func (f *fakeGPU) vec(n int) *vec {
+	p, _ := f.alloc(4 * int64(n))
+	return &vec{n: n, p: p}
+}
+
+func (f *fakeGPU) net(t *testing.T, s netShape) *testNet {
+	norm := func(n int) backend.Norm { return backend.Norm{W: f.vec(n), Eps: 1e-6} }
+	n := &testNet{embed: f.mat(t, s.dt, s.V, s.H)}
+	cfg := rope.Config{HeadDim: s.hd, Theta: 10000, MaxPositions: 128}
+	if s.dynamic {
+		cfg.Type, cfg.Factor, cfg.MaxPositions = "dynamic", 2, 4
+	}
+	tab, err := rope.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, _ := f.alloc(4 * int64(tab.Dim()/2))
+	a := &backend.Attention{Norm: norm(s.H), Q: f.mat(t, s.dt, s.nq*s.hd, s.H), K: f.mat(t, s.dt, s.nkv*s.hd, s.H),
+		V: f.mat(t, s.dt, s.nkv*s.hd, s.H), O: f.mat(t, s.dt, s.H, s.nq*s.hd), Rope: &ropeTab{t: tab, inv: inv, mscale: 1},
+		Heads: s.nq, KVHeads: s.nkv, HeadDim: s.hd}
+	if s.bias {
+		a.BQ, a.BK, a.BV, a.BO = f.vec(s.nq*s.hd), f.vec(s.nkv*s.hd), f.vec(s.nkv*s.hd), f.vec(s.H)
+	}
+	if s.qknorm {
+		qn, kn := norm(s.hd), norm(s.hd)
+		a.QNorm, a.KNorm = &qn, &kn
+	}
+	n.attn = a
+	n.mlp = &backend.MLP{Norm: norm(s.H), Gate: f.mat(t, s.dt, s.I, s.H), Up: f.mat(t, s.dt, s.I, s.H), Down: f.mat(t, s.dt, s.H, s.I)}
+	if s.bias {
+		n.mlp.BGate, n.mlp.BUp, n.mlp.BDown = f.vec(s.I), f.vec(s.I), f.vec(s.H)
+	}
+	n.head = backend.Head{Norm: norm(s.H), W: f.mat(t, s.dt, s.V, s.H)}
+	return n
+}
+
+// fakeDevice is a Device whose K/V pool lives on f (no GPU).
+func fakeDevice(t *testing.T, f *fakeGPU, opt Options, spec backend.SeqSpec) *Device {
+	d := fakeOpen(f, opt)
+	per := int64(opt.Seqs) * int64(spec.KVHeads) * int64(opt.Ctx) * int64(spec.HeadDim) * 4
+	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
+	for _, l := range spec.Attention {
+		d.kc[l], _ = f.alloc(per)
+		d.vc[l], _ = f.alloc(per)
+	}
+	d.spec = &spec
+	for i := opt.Seqs - 1; i >= 0; i-- {
+		d.free = append(d.free, i)
+	}
+	return d
+}
+
+// fakeOpen is a Device on f, as Open makes one on a GPU (no K/V pool yet).
+func fakeOpen(f *fakeGPU, opt Options) *Device {
+	d := &Device{opt: opt, info: driver.Info{SMs: 132, Name: "fake"}}
+	if d.opt.MaxRows == 0 {
+		d.opt.MaxRows = 512
+	}
+	d.do = func(fn func(r runner) error) error { return fn(f) }
+	f.d = d
+	return d
+}
+
+// step runs one batch on the fake as Run does on the GPU.
+func (f *fakeGPU) step(t *testing.T, d *Device, seqs []*seq, tokens [][]int, logits backend.Logits, n *testNet, vocab int) error {
+	t.Helper()
+	b := &backend.Batch{Tokens: tokens, Logits: logits}
+	f.expectPos, f.expectSlot = nil, nil
+	for i, s := range seqs {
+		b.Seqs = append(b.Seqs, s)
+		for j := range tokens[i] {
+			f.expectPos = append(f.expectPos, s.n+j)
+			f.expectSlot = append(f.expectSlot, s.slot)
+		}
+	}
+	wanted := b.Rows()
+	if logits == backend.LastLogits {
+		wanted = len(seqs)
+	}
+	b.Out = make([]float32, wanted*vocab)
+	if err := d.check(b); err != nil {
+		return err
+	}
+	if err := d.runStep(f, b, n.step); err != nil {
+		return err
+	}
+	for i, s := range seqs {
+		s.n += len(tokens[i])
+	}
+	return nil
+}
+
+func toks(n, base int) []int {
+	v := make([]int, n)
+	for i := range v {
+		v[i] = (base + 7*i) % 40 // every test vocabulary holds 40 tokens
+	}
+	return v
+}
+
+// TestLaunchesMatchKernels runs every op in every weight format over
+// prefill chunks (matvec and GEMM paths), mixed batches and decode, and
+// checks every launch against the manifest, its documented launch shape
+// and the allocations.
+func TestLaunchesMatchKernels(t *testing.T) {
+	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		for _, sh := range []netShape{
+			{H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 72},
+			{H: 64, I: 160, nq: 8, nkv: 1, hd: 32, V: 50, bias: true, qknorm: true},
+		} {
+			sh.dt = dt
+			t.Run(fmt.Sprintf("%s/nq%d_nkv%d", dt, sh.nq, sh.nkv), func(t *testing.T) {
+				f := newFake(t, 4)
+				spec := backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: sh.nkv, HeadDim: sh.hd}
+				d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 32}, spec)
+				n := f.net(t, sh)
+				s := []*seq{{d: d, slot: 2, ctx: 64}, {d: d, slot: 0, ctx: 64}, {d: d, slot: 3, ctx: 40}}
+				steps := []struct {
+					seqs   []int
+					tokens []int
+					logits backend.Logits
+				}{
+					{[]int{0}, []int{12}, backend.AllLogits},             // GEMM path for quantized weights
+					{[]int{1, 2}, []int{3, 9}, backend.LastLogits},       // gather of last rows
+					{[]int{0, 1, 2}, []int{1, 1, 1}, backend.LastLogits}, // decode
+					{[]int{2, 0}, []int{5, 1}, backend.NoLogits},
+					{[]int{0}, []int{1}, backend.AllLogits},
+				}
+				for i, st := range steps {
+					var ss []*seq
+					var tk [][]int
+					for j, k := range st.seqs {
+						ss = append(ss, s[k])
+						tk = append(tk, toks(st.tokens[j], i+k))
+					}
+					if err := f.step(t, d, ss, tk, st.logits, n, sh.V); err != nil {
+						t.Fatalf("step %d: %v", i, err)
+					}
+				}
+				var used int64
+				for _, b := range d.st.bufs {
+					used += b.n
+				}
+				widest := max(sh.H, (sh.nq+2*sh.nkv)*sh.hd, 2*sh.I, sh.V)
+				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs); used > plan {
+					t.Errorf("the steps' scratch is %d bytes, the plan's bound %d", used, plan)
+				}
+				names := map[string]bool{}
+				for _, c := range f.calls {
+					name := c.name
+					if i := strings.LastIndex(name, "_r"); strings.HasPrefix(name, "mv_") && i > 0 {
+						name = name[:i]
+					}
+					names[name] = true
+				}
+				fam, _ := kernelFormat(dt)
+				for _, k := range []string{"rmsnorm", "head_rmsnorm", "rope_qk_append", "attn_split", "attn_merge", "silu_mul", "mv_" + fam} {
+					if k == "head_rmsnorm" && !sh.qknorm {
+						continue
+					}
+					if !names[k] {
+						t.Errorf("no %s was launched (launched: %v)", k, names)
+					}
+				}
+				if dt != quant.F32 && dt != quant.F16 && dt != quant.BF16 && !names["gemm_"+fam] {
+					t.Errorf("the 12-row prefill of %s did not take the GEMM", dt)
+				}
+				if dt == quant.Q82F && !names["q82f_prescale"] {
+					t.Errorf("q8_2f ran without its prescale")
+				}
+			})
+		}
+	}
+}
+
+// TestQKVSideBySide checks the layout rope_qk_append and attn_split expect:
+// q, k and v of a row side by side at stride (nq+2·nkv)·hd, attention
+// reading q from the row start and writing att at stride nq·hd.
+func TestQKVSideBySide(t *testing.T) {
+	f := newFake(t, 2)
+	sh := netShape{dt: quant.F32, H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 40, bias: true}
+	d := fakeDevice(t, f, Options{Seqs: 2, Ctx: 32, MaxRows: 8}, backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16})
+	n := f.net(t, sh)
+	s := &seq{d: d, slot: 1, ctx: 32}
+	if err := f.step(t, d, []*seq{s}, [][]int{toks(3, 1)}, backend.LastLogits, n, sh.V); err != nil {
+		t.Fatal(err)
+	}
+	qd, kvd := sh.nq*sh.hd, sh.nkv*sh.hd
+	ld := qd + 2*kvd
+	var ys []driver.DevicePtr
+	var rope, split, merge *fakeCall
+	for i := range f.calls {
+		c := &f.calls[i]
+		switch {
+		case strings.HasPrefix(c.name, "mv_") && len(ys) < 3:
+			if c.int(6) != ld {
+				t.Errorf("q/k/v matvec %d writes at stride %d, want %d", len(ys), c.int(6), ld)
+			}
+			ys = append(ys, c.ptr(5))
+		case c.name == "rope_qk_append":
+			rope = c
+		case c.name == "attn_split":
+			split = c
+		case c.name == "attn_merge":
+			merge = c
+		}
+	}
+	if len(ys) != 3 || rope == nil || split == nil || merge == nil {
+		t.Fatalf("the attention launches are missing: %d projections, rope %v, split %v, merge %v", len(ys), rope != nil, split != nil, merge != nil)
+	}
+	if ys[1] != ys[0].Add(int64(4*qd)) || ys[2] != ys[0].Add(int64(4*(qd+kvd))) {
+		t.Errorf("q, k, v at %#x, %#x, %#x: not side by side", ys[0], ys[1], ys[2])
+	}
+	if rope.ptr(0) != ys[0] || rope.int(1) != ld || split.ptr(0) != ys[0] || split.int(1) != ld {
+		t.Errorf("rope_qk_append / attn_split do not read the fused q|k|v rows")
+	}
+	if split.ptr(6) != merge.ptr(0) || split.int(11) != merge.int(5) || merge.int(2) != qd {
+		t.Errorf("attn_merge does not read attn_split's partials as written")
+	}
+	if rope.ptr(10) != d.kc[0] || rope.ptr(11) != d.vc[0] || split.ptr(2) != d.kc[0] || split.ptr(3) != d.vc[0] {
+		t.Errorf("the append and the attention use different caches")
+	}
+}
+
+// TestGraphReplayChecksLaunches: a decode shape is captured after its
+// first eager step, replayed when the next step packs the same launches,
+// and not replayed for another network of the same shape (other weights),
+// nor for a batch whose tokens fall outside the table.
+func TestGraphReplayChecksLaunches(t *testing.T) {
+	f := newFake(t, 4)
+	sh := netShape{dt: quant.Q4TP, H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 72}
+	spec := backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16}
+	d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 16, Graphs: true}, spec)
+	a, b := f.net(t, sh), f.net(t, sh)
+	s := []*seq{{d: d, slot: 0, ctx: 64}, {d: d, slot: 1, ctx: 64}}
+	if err := f.step(t, d, s, [][]int{toks(4, 1), toks(6, 2)}, backend.LastLogits, a, sh.V); err != nil {
+		t.Fatal(err)
+	}
+	dec := func(n *testNet) {
+		t.Helper()
+		if err := f.step(t, d, s, [][]int{{3}, {5}}, backend.LastLogits, n, sh.V); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dec(a) // eager, then captured
+	if len(f.graphs) != 1 || f.replays != 0 {
+		t.Fatalf("after the first decode step: %d graphs, %d replays", len(f.graphs), f.replays)
+	}
+	dec(a)
+	dec(a)
+	if f.replays != 2 {
+		t.Fatalf("%d replays of the same network's decode steps, want 2", f.replays)
+	}
+	dec(b) // other weights: eager and recaptured, never the old graph
+	if f.replays != 2 || len(f.graphs) != 1 {
+		t.Fatalf("another network's step replayed the graph (%d replays, %d graphs)", f.replays, len(f.graphs))
+	}
+	dec(b)
+	if f.replays != 3 {
+		t.Fatalf("the recaptured graph was not replayed (%d)", f.replays)
+	}
+	if err := f.step(t, d, s, [][]int{{3}, {sh.V}}, backend.LastLogits, b, sh.V); err == nil || !strings.Contains(err.Error(), "outside") {
+		t.Fatalf("a token outside the table on the replay path: %v", err)
+	}
+	// A bigger logits buffer moves the scratch: the graph must not replay
+	// with the old address.
+	if err := f.step(t, d, s, [][]int{toks(6, 3), toks(7, 4)}, backend.AllLogits, b, sh.V); err != nil {
+		t.Fatal(err)
+	}
+	before := f.replays
+	dec(b)
+	if f.replays != before {
+		t.Fatalf("a graph was replayed after its logits buffer moved")
+	}
+}
+
+// TestDynamicRopePerSequence: with dynamic RoPE each sequence of a step
+// gets its own frequencies, uploaded on the step's stream, and its own
+// rope_qk_append over its rows; such steps are never captured.
+func TestDynamicRopePerSequence(t *testing.T) {
+	f := newFake(t, 4)
+	sh := netShape{dt: quant.F32, H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 40, dynamic: true}
+	d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 16, Graphs: true}, backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16})
+	n := f.net(t, sh)
+	s := []*seq{{d: d, slot: 3, ctx: 64}, {d: d, slot: 1, ctx: 64}}
+	for i, tk := range [][][]int{{toks(2, 0), toks(9, 1)}, {{1}, {2}}, {{1}, {2}}} {
+		f.calls = nil
+		rows := []int{len(tk[0]), len(tk[1])}
+		lens := []int{s[0].n + rows[0], s[1].n + rows[1]}
+		if err := f.step(t, d, s, tk, backend.LastLogits, n, sh.V); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		var ropes []*fakeCall
+		for k := range f.calls {
+			if f.calls[k].name == "rope_qk_append" {
+				ropes = append(ropes, &f.calls[k])
+			}
+		}
+		if len(ropes) != 2 || int(ropes[0].cfg.Grid.Y) != rows[0] || int(ropes[1].cfg.Grid.Y) != rows[1] {
+			t.Fatalf("step %d: %d rope launches, want one per sequence over its rows", i, len(ropes))
+		}
+		if ropes[0].ptr(6) == ropes[1].ptr(6) {
+			t.Fatalf("step %d: both sequences use one frequency table", i)
+		}
+		// The second sequence's frequencies as the fake's memory holds them.
+		a := f.find(ropes[1].ptr(6), 4*int64(sh.hd/2))
+		got := math.Float32frombits(binary.LittleEndian.Uint32(a.mem[ropes[1].ptr(6)-a.base+4:]))
+		tab := n.attn.Rope.(*ropeTab).t
+		inv, _ := tab.Freqs(lens[1], make([]float32, sh.hd/2))
+		if got != inv[1] {
+			t.Fatalf("step %d: sequence 1's second frequency on the device is %g, want %g (length %d)", i, got, inv[1], lens[1])
+		}
+	}
+	if f.replays != 0 || len(f.graphs) != 0 {
+		t.Fatalf("a dynamic-RoPE step was captured or replayed")
+	}
+}
+
+// TestAttnPartBound: one partials buffer of attnPartRows rows serves every
+// step of up to MaxRows rows.
+func TestAttnPartBound(t *testing.T) {
+	for _, sms := range []int{1, 16, 78, 132, 144} {
+		for nkv := 1; nkv <= 16; nkv++ {
+			for _, M := range []int{1, 7, 64, 512} {
+				bound := attnPartRows(sms, nkv, M)
+				for R := 1; R <= M; R++ {
+					if need := R * attnSplits(sms, nkv, R); need > bound {
+						t.Fatalf("sms %d nkv %d: %d rows × %d splits = %d > bound %d", sms, nkv, R, attnSplits(sms, nkv, R), need, bound)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestStagedInputsLayout: ids, positions and slots land at offsets 0,
+// 4·MaxRows and 8·MaxRows of the inputs buffer.
+func TestStagedInputsLayout(t *testing.T) {
+	f := newFake(t, 4)
+	sh := netShape{dt: quant.F32, H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 40}
+	const M = 16
+	d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: M}, backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16})
+	n := f.net(t, sh)
+	s := []*seq{{d: d, slot: 2, ctx: 64, n: 5}, {d: d, slot: 0, ctx: 64, n: 1}}
+	tk := [][]int{{4, 9}, {11, 12, 13}}
+	if err := f.step(t, d, s, tk, backend.NoLogits, n, sh.V); err != nil {
+		t.Fatal(err)
+	}
+	in := d.st.bufs["inputs"].p
+	ids, _ := f.ints(in, 5)
+	pos, _ := f.ints(in.Add(4*M), 5)
+	slot, _ := f.ints(in.Add(8*M), 5)
+	if fmt.Sprint(ids, pos, slot) != "[4 9 11 12 13] [5 6 1 2 3] [2 2 0 0 0]" {
+		t.Fatalf("staged ids %v positions %v slots %v", ids, pos, slot)
+	}
+}
+
+// TestStageHoldsMaxRows: the staged inputs and the dynamic-RoPE tables of
+// a step of maxRows rows fit the pinned stage.
+func TestStageHoldsMaxRows(t *testing.T) {
+	if need := 12*maxRows + maxRows*4*attnMaxHeadDim/2; need > stageBytes {
+		t.Fatalf("a step of %d rows stages %d bytes, the stage holds %d", maxRows, need, stageBytes)
+	}
+	if _, err := Open(Options{Seqs: 1, Ctx: 1, MaxRows: maxRows + 1}); err == nil || !strings.Contains(err.Error(), "MaxRows") {
+		t.Fatalf("MaxRows beyond the grid limit: %v", err)
+	}
+}
+
+// TestParitySuiteOnFake drives the GPU parity suite's every case and
+// schedule (backend/backendtest, as TestGPUParity does on a GPU) through
+// the device on the fake: weights, vectors and RoPE tables uploaded through
+// the stage, the K/V pool rebuilt between cases of different shapes, graphs
+// captured and checked, and every launch checked as above (the logits are
+// the fake's zeros: numbers are the GPU session's).
+func TestParitySuiteOnFake(t *testing.T) {
+	f := newFake(t, 4)
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true})
+	runs := 0
+	for _, c := range backendtest.Cases() {
+		for name, sched := range backendtest.Schedules() {
+			if _, err := backendtest.Run(d, c, sched, 11); notYet(err) {
+				t.Logf("%s: NOT RUN (%v)", c.Name, err)
+				continue
+			} else if err != nil {
+				t.Fatalf("%s / %s: %v", c.Name, name, err)
+			}
+			runs++
+		}
+	}
+	if f.replays == 0 {
+		t.Fatal("no decode step of the suite was replayed from a graph")
+	}
+	t.Logf("%d runs, %d launches, %d graph replays", runs, len(f.calls), f.replays)
+	// A sequence of another model while one is live is refused.
+	s, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 2, HeadDim: 16}, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 1, HeadDim: 16}, 16); err == nil {
+		t.Fatal("a second model's sequence took a slot of a live pool")
+	}
+	d.Release(s)
+	if _, err := d.NewSeq(backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: 1, HeadDim: 16}, 16); err != nil {
+		t.Fatalf("an empty pool was not rebuilt: %v", err)
+	}
+}
+
+// notYet reports an error of an op the device does not implement yet (the
+// text of backend.ErrUnsupported, where the boundary has it: such parity
+// cases are not compared, as backendtest.Parity does).
+func notYet(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "not supported by this device yet")
+}
