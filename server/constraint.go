@@ -1,0 +1,144 @@
+package server
+
+import (
+	"bytes"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/cortiq/cortiq/engine"
+)
+
+// constraint limits the tokens that may come next.
+type constraint interface {
+	// mask sets the logits of the tokens that may not come next to -Inf.
+	mask(logits []float32)
+	// accept advances past the sampled token.
+	accept(tok int)
+}
+
+// vocab holds every token's bytes, sorted, computed once per model: the
+// mask walk visits tokens sharing a prefix together and stops a whole group
+// at the first byte the grammar refuses.
+type vocab struct {
+	size  int
+	ids   []int32  // token ids sorted by their bytes
+	bytes [][]byte // bytes[ids[k]] in the same order
+	tok   [][]byte // bytes of each id (nil: never allowed)
+	eos   []int32
+}
+
+func buildVocab(e *engine.Engine) *vocab {
+	n := e.File.Header.Arch.VocabSize
+	v := &vocab{size: n, tok: make([][]byte, n), eos: e.EOS}
+	if e.Tok == nil {
+		return v
+	}
+	for id := 0; id < n && id < e.Tok.VocabSize(); id++ {
+		if e.Tok.IsSpecial(id) {
+			continue
+		}
+		b, ok := e.Tok.TokenBytes(id)
+		if !ok {
+			b = []byte(e.Tok.Decode([]int{id}))
+		}
+		if len(b) == 0 {
+			continue
+		}
+		v.tok[id] = b
+		v.ids = append(v.ids, int32(id))
+	}
+	slices.SortFunc(v.ids, func(a, b int32) int { return bytes.Compare(v.tok[a], v.tok[b]) })
+	v.bytes = make([][]byte, len(v.ids))
+	for k, id := range v.ids {
+		v.bytes[k] = v.tok[id]
+	}
+	return v
+}
+
+// lazyVocab builds the vocab on first use.
+type lazyVocab struct {
+	once sync.Once
+	v    *vocab
+	e    *engine.Engine
+}
+
+func (l *lazyVocab) get() *vocab {
+	l.once.Do(func() { l.v = buildVocab(l.e) })
+	return l.v
+}
+
+// grammarConstraint drives a gstate with each sampled token and masks by
+// walking the sorted vocabulary from the current state.
+type grammarConstraint struct {
+	v       *vocab
+	st      gstate
+	allowed []bool
+}
+
+func newGrammarConstraint(v *vocab, root *gnode) *grammarConstraint {
+	return &grammarConstraint{v: v, st: newGState(root), allowed: make([]bool, v.size)}
+}
+
+func (c *grammarConstraint) mask(logits []float32) {
+	clear(c.allowed)
+	c.walk(c.st, 0, len(c.v.ids), 0)
+	if c.st.accepting() {
+		for _, id := range c.v.eos {
+			if int(id) < len(c.allowed) {
+				c.allowed[id] = true
+			}
+		}
+	}
+	ninf := float32(math.Inf(-1))
+	for id := range logits {
+		if id >= len(c.allowed) || !c.allowed[id] {
+			logits[id] = ninf
+		}
+	}
+}
+
+// walk marks the tokens of ids[lo:hi], which share their first depth bytes
+// (already fed into st), that the grammar accepts in full.
+func (c *grammarConstraint) walk(st gstate, lo, hi, depth int) {
+	bs := c.v.bytes
+	for lo < hi && len(bs[lo]) == depth {
+		c.allowed[c.v.ids[lo]] = true
+		lo++
+	}
+	for lo < hi {
+		b := bs[lo][depth]
+		end := lo + 1
+		for end < hi && bs[end][depth] == b {
+			end++
+		}
+		next := st
+		if next.feed(b) {
+			c.walk(next, lo, end, depth+1)
+		}
+		lo = end
+	}
+}
+
+func (c *grammarConstraint) accept(tok int) {
+	if tok < 0 || tok >= len(c.v.tok) {
+		return
+	}
+	for _, b := range c.v.tok[tok] {
+		if !c.st.feed(b) {
+			return
+		}
+	}
+}
+
+// validPrefix reports whether text is a prefix the grammar accepts, and
+// whether it is complete (used by tests and to check constrained output).
+func validPrefix(root *gnode, text []byte) (ok, complete bool) {
+	st := newGState(root)
+	for _, b := range text {
+		if !st.feed(b) {
+			return false, false
+		}
+	}
+	return true, st.accepting()
+}
