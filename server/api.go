@@ -62,7 +62,7 @@ func decodeBody(r *http.Request, w http.ResponseWriter, limit int64, v any) *api
 	case errors.As(err, &fieldErr):
 		return badRequest(fieldErr.field, "%s", fieldErr.msg)
 	case errors.As(err, &typeErr):
-		field := typeErr.Field
+		field := strings.TrimPrefix(typeErr.Field, "sampling.")
 		if field == "" {
 			return badRequest("", "the request body must be a JSON object, not %s", typeErr.Value)
 		}

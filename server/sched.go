@@ -77,6 +77,7 @@ type schedConfig struct {
 	Queue        int // waiting jobs at most
 	PrefillChunk int // prompt tokens per sequence per step
 	PrefillSeqs  int // prefilling sequences per step
+	stepDelay    time.Duration
 }
 
 // scheduler runs continuous batching: every step is one engine.Step over
@@ -162,6 +163,7 @@ func (s *scheduler) run() {
 		s.admit()
 		seqs, toks, rows := s.batch()
 		if len(rows) == 0 {
+			s.gauges()
 			select {
 			case <-s.wake:
 			case <-s.quit:
@@ -187,6 +189,9 @@ func (s *scheduler) run() {
 			s.sampleNext(sl, logits[i])
 		}
 		s.gauges()
+		if s.cfg.stepDelay > 0 {
+			time.Sleep(s.cfg.stepDelay)
+		}
 	}
 }
 

@@ -33,6 +33,8 @@ type Config struct {
 	APIKey       string // when set, /v1 requests need "Authorization: Bearer KEY"
 	MaxBody      int64  // request body limit in bytes (0: 4 MiB)
 	Logger       *slog.Logger
+
+	stepDelay time.Duration // tests: a pause after every step, to make streams long
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -108,7 +110,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay}, s.m)
 	if err != nil {
 		return err
 	}
