@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestServeCommand runs cortiq serve in-process with flags from CORTIQ_*
+// variables, answers a request, and exits 0 when its context ends (what
+// SIGTERM does through main's signal handler).
+func TestServeCommand(t *testing.T) {
+	p := convertFixture(t, "qwen3_f32", "f32")
+	addr := freeAddr(t)
+	t.Setenv("CORTIQ_ADDR", addr)
+	t.Setenv("CORTIQ_PARALLEL", "3")
+	t.Setenv("CORTIQ_MODEL", p)
+	ctx, cancel := context.WithCancel(context.Background())
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"serve", "--ctx", "256", "--name", "tiny", "--grace", "2s"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	url := "http://" + addr
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve never became healthy")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []struct {
+			ID   string `json:"id"`
+			Meta struct {
+				Parallel int `json:"parallel"`
+				Ctx      int `json:"ctx"`
+			} `json:"meta"`
+		} `json:"data"`
+	}
+	json.NewDecoder(resp.Body).Decode(&models)
+	resp.Body.Close()
+	if len(models.Data) != 1 || models.Data[0].ID != "tiny" || models.Data[0].Meta.Parallel != 3 || models.Data[0].Meta.Ctx != 256 {
+		t.Fatalf("models %+v", models)
+	}
+	resp, err = http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"chat.completion"`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v after shutdown", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not shut down")
+	}
+}
+
+func TestServeDeviceAndModel(t *testing.T) {
+	p := convertFixture(t, "qwen3_f32", "f32")
+	if _, err := cli(t, "serve", p, "--device", "cuda", "--addr", freeAddr(t)); err == nil || !strings.Contains(err.Error(), "not available") {
+		t.Fatalf("--device cuda: %v", err)
+	}
+	if _, err := cli(t, "serve", p, "--device", "tpu"); err == nil {
+		t.Fatal("--device tpu accepted")
+	}
+	t.Setenv("CORTIQ_MODEL", "")
+	if _, err := cli(t, "serve"); err == nil || !strings.Contains(err.Error(), "CORTIQ_MODEL") {
+		t.Fatalf("no model: %v", err)
+	}
+	t.Setenv("CORTIQ_PARALLEL", "many")
+	if _, err := cli(t, "serve", p); err == nil || !strings.Contains(err.Error(), "CORTIQ_PARALLEL") {
+		t.Fatalf("bad env value: %v", err)
+	}
+}
