@@ -48,12 +48,17 @@ func buildVocab(e *engine.Engine) *vocab {
 		v.tok[id] = b
 		v.ids = append(v.ids, int32(id))
 	}
+	sortVocab(v)
+	return v
+}
+
+// sortVocab orders v.ids by their bytes and fills v.bytes.
+func sortVocab(v *vocab) {
 	slices.SortFunc(v.ids, func(a, b int32) int { return bytes.Compare(v.tok[a], v.tok[b]) })
 	v.bytes = make([][]byte, len(v.ids))
 	for k, id := range v.ids {
 		v.bytes[k] = v.tok[id]
 	}
-	return v
 }
 
 // lazyVocab builds the vocab on first use.
