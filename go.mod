@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/ardanlabs/jinja v1.8.0
 	github.com/dlclark/regexp2/v2 v2.13.0
+	github.com/ebitengine/purego v0.11.3
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/model"
@@ -151,7 +152,9 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 		return nil, fmt.Errorf("convert: calibration: %w", err)
 	}
 	res.closer = append(res.closer, func() { f.Close() })
-	m, err := model.Load(f, model.LoadOptions{Threads: opt.Threads})
+	dev := cpu.New(opt.Threads)
+	res.closer = append(res.closer, func() { dev.Close() })
+	m, err := model.Load(f, model.LoadOptions{Device: dev})
 	if err != nil {
 		return nil, fmt.Errorf("convert: --calibrate: the model cannot run on the CPU: %w", err)
 	}
@@ -517,7 +520,9 @@ func RunCalibration(ctx context.Context, m *model.Model, samples [][]int, obs mo
 	if err != nil {
 		return 0, fmt.Errorf("convert: calibration: %w", err)
 	}
-	m.SetObserver(obs)
+	if err := m.SetObserver(obs); err != nil {
+		return 0, fmt.Errorf("convert: calibration: %w", err)
+	}
 	defer m.SetObserver(nil)
 	const piece = 64
 	total := 0

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/chat"
 	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/model"
@@ -18,6 +20,12 @@ import (
 type Options struct {
 	Threads int // CPU workers (0: all cores)
 	Batch   int // prefill positions per step (0: model default)
+	// Device runs the model; nil starts a CPU device of Threads workers,
+	// which Close stops. A device given here is the caller's to close,
+	// unless OwnDevice hands it to the engine (closed by Close, also when
+	// Open fails).
+	Device    backend.Device
+	OwnDevice bool
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -27,20 +35,33 @@ type Engine struct {
 	Tok   *tokenizer.Tokenizer // nil when the file carries no tokenizer
 	EOS   []int32
 	tmpl  *chat.Template
+
+	dev    backend.Device
+	ownDev bool
 }
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
 func Open(path string, opt Options) (*Engine, error) {
 	f, err := cmf.Open(path)
 	if err != nil {
+		if opt.OwnDevice && opt.Device != nil {
+			opt.Device.Close()
+		}
 		return nil, err
 	}
-	m, err := model.Load(f, model.LoadOptions{Threads: opt.Threads, Batch: opt.Batch})
+	dev, own := opt.Device, opt.OwnDevice
+	if dev == nil {
+		dev, own = cpu.New(opt.Threads), true
+	}
+	m, err := model.Load(f, model.LoadOptions{Device: dev, Batch: opt.Batch})
 	if err != nil {
+		if own {
+			dev.Close()
+		}
 		f.Close()
 		return nil, err
 	}
-	e := &Engine{File: f, Model: m}
+	e := &Engine{File: f, Model: m, dev: dev, ownDev: own}
 	if tc := f.Header.TokenizerConfig; tc != nil {
 		if e.Tok, err = LoadTokenizer(f); err != nil {
 			e.Close()
@@ -67,6 +88,10 @@ func Open(path string, opt Options) (*Engine, error) {
 func (e *Engine) Close() {
 	if e.Model != nil {
 		e.Model.Close()
+	}
+	if e.ownDev {
+		e.dev.Close()
+		e.ownDev = false
 	}
 	if e.File != nil {
 		e.File.Close()
@@ -131,6 +156,10 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
+
+// Close returns the session's state to the device; the session must not
+// be used after.
+func (s *Session) Close() { s.cache.Close() }
 
 // Reset empties the session.
 func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }

@@ -152,7 +152,7 @@ func BenchmarkLlama1B(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, err := model.Load(cm, model.LoadOptions{})
+		m, err := model.Load(cm, opts(b, 0, 0))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -2,10 +2,9 @@ package model
 
 import (
 	"fmt"
-	"math"
 
+	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
-	"github.com/cortiq/cortiq/kernels"
 )
 
 // The Llama-lineage decoder shared by llama, qwen2 and qwen3
@@ -50,127 +49,124 @@ func newConfig(a *cmf.Arch, f features) (config, error) {
 	}
 	for l := range c.layers {
 		if lt := LayerType(a, l); lt != "full_attention" {
-			return c, fmt.Errorf("layer %d is %s; the CPU decoder runs full attention only", l, lt)
+			return c, fmt.Errorf("layer %d is %s; the decoder runs full attention only", l, lt)
 		}
 	}
 	return c, nil
 }
 
-// weights are views into the CMF mapping (matrices) and small decoded
-// vectors (norms, biases).
+// widest is the widest activation row of a step, in floats.
+func (c *config) widest() int {
+	qkv := (c.heads + 2*c.kvHeads) * c.headDim
+	return max(c.dim, qkv, 2*c.hidden, c.vocab)
+}
+
+// seqSpec is the per-sequence state of the network: a K/V cache in every
+// layer.
+func (c *config) seqSpec() backend.SeqSpec {
+	s := backend.SeqSpec{Layers: c.layers, KVHeads: c.kvHeads, HeadDim: c.headDim}
+	for l := range c.layers {
+		s.Attention = append(s.Attention, l)
+	}
+	return s
+}
+
+// weights are the network's resident weights.
 type weights struct {
-	embed  *kernels.Mat // (vocab, dim)
+	embed  backend.Mat // (vocab, dim)
 	layers []layer
-	norm   []float32    // (dim)
-	head   *kernels.Mat // (vocab, dim); embed when tied
+	head   backend.Head // final norm and (vocab, dim) projection; embed when tied
 }
 
 type layer struct {
-	attnNorm     []float32    // (dim)
-	wq           *kernels.Mat // (heads*headDim, dim)
-	wk, wv       *kernels.Mat // (kvHeads*headDim, dim)
-	wo           *kernels.Mat // (dim, heads*headDim)
-	bq, bk, bv   []float32    // optional (qkvBias)
-	bo           []float32    // optional (outBias)
-	qNorm, kNorm []float32    // (headDim), optional (qkNorm)
-	ffnNorm      []float32    // (dim)
-	wGate, wUp   *kernels.Mat // (hidden, dim)
-	wDown        *kernels.Mat // (dim, hidden)
-	bGate, bUp   []float32    // optional (mlpBias)
-	bDown        []float32
+	attn backend.Attention
+	mlp  backend.MLP
 }
 
-func loadWeights(ld *loader, c *config) weights {
+func loadWeights(ld *loader, c *config, rope backend.Rope) weights {
 	H, I, hd := c.dim, c.hidden, c.headDim
 	qd, kvd := c.heads*hd, c.kvHeads*hd
+	norm := func(name string, n int) backend.Norm {
+		return backend.Norm{W: ld.vec(name, n), Eps: c.eps, OnePlus: c.onePlus}
+	}
 	w := weights{embed: ld.mat("model.embed_tokens.weight", c.vocab, H), layers: make([]layer, c.layers)}
 	for l := range w.layers {
 		p := fmt.Sprintf("model.layers.%d.", l)
-		ly := &w.layers[l]
-		ly.attnNorm = ld.vec(p+"input_layernorm.weight", H)
-		ly.wq = ld.mat(p+"self_attn.q_proj.weight", qd, H)
-		ly.wk = ld.mat(p+"self_attn.k_proj.weight", kvd, H)
-		ly.wv = ld.mat(p+"self_attn.v_proj.weight", kvd, H)
-		ly.wo = ld.mat(p+"self_attn.o_proj.weight", H, qd)
+		a := &w.layers[l].attn
+		*a = backend.Attention{
+			Norm: norm(p+"input_layernorm.weight", H),
+			Q:    ld.mat(p+"self_attn.q_proj.weight", qd, H),
+			K:    ld.mat(p+"self_attn.k_proj.weight", kvd, H),
+			V:    ld.mat(p+"self_attn.v_proj.weight", kvd, H),
+			O:    ld.mat(p+"self_attn.o_proj.weight", H, qd),
+			Rope: rope, Heads: c.heads, KVHeads: c.kvHeads, HeadDim: hd,
+		}
 		if c.qkvBias {
-			ly.bq = ld.vec(p+"self_attn.q_proj.bias", qd)
-			ly.bk = ld.vec(p+"self_attn.k_proj.bias", kvd)
-			ly.bv = ld.vec(p+"self_attn.v_proj.bias", kvd)
+			a.BQ = ld.vec(p+"self_attn.q_proj.bias", qd)
+			a.BK = ld.vec(p+"self_attn.k_proj.bias", kvd)
+			a.BV = ld.vec(p+"self_attn.v_proj.bias", kvd)
 		}
 		if c.outBias {
-			ly.bo = ld.vec(p+"self_attn.o_proj.bias", H)
+			a.BO = ld.vec(p+"self_attn.o_proj.bias", H)
 		}
 		if c.qkNorm {
-			ly.qNorm = ld.vec(p+"self_attn.q_norm.weight", hd)
-			ly.kNorm = ld.vec(p+"self_attn.k_norm.weight", hd)
+			qn, kn := norm(p+"self_attn.q_norm.weight", hd), norm(p+"self_attn.k_norm.weight", hd)
+			a.QNorm, a.KNorm = &qn, &kn
 		}
-		ly.ffnNorm = ld.vec(p+"post_attention_layernorm.weight", H)
-		ly.wGate = ld.mat(p+"mlp.gate_proj.weight", I, H)
-		ly.wUp = ld.mat(p+"mlp.up_proj.weight", I, H)
-		ly.wDown = ld.mat(p+"mlp.down_proj.weight", H, I)
+		m := &w.layers[l].mlp
+		*m = backend.MLP{
+			Norm: norm(p+"post_attention_layernorm.weight", H),
+			Gate: ld.mat(p+"mlp.gate_proj.weight", I, H),
+			Up:   ld.mat(p+"mlp.up_proj.weight", I, H),
+			Down: ld.mat(p+"mlp.down_proj.weight", H, I),
+		}
 		if c.mlpBias {
-			ly.bGate = ld.vec(p+"mlp.gate_proj.bias", I)
-			ly.bUp = ld.vec(p+"mlp.up_proj.bias", I)
-			ly.bDown = ld.vec(p+"mlp.down_proj.bias", H)
+			m.BGate = ld.vec(p+"mlp.gate_proj.bias", I)
+			m.BUp = ld.vec(p+"mlp.up_proj.bias", I)
+			m.BDown = ld.vec(p+"mlp.down_proj.bias", H)
 		}
 	}
-	w.norm = ld.vec("model.norm.weight", H)
+	w.head.Norm = norm("model.norm.weight", H)
 	if c.tied {
-		w.head = w.embed
+		w.head.W = w.embed
 	} else {
-		w.head = ld.mat("lm_head.weight", c.vocab, H)
+		w.head.W = ld.mat("lm_head.weight", c.vocab, H)
 	}
 	return w
+}
+
+// decoderStep is one step of the Llama-lineage decoder over a batch's rows:
+//
+//	x = embed_tokens[ids]
+//	for each layer: x += attn(input_layernorm(x)); x += mlp(post_attention_layernorm(x))
+//	logits = lm_head(norm(x))
+func (m *Model) decoderStep(ops backend.Ops) {
+	ops.Embed(m.w.embed)
+	for l := range m.w.layers {
+		ops.Attention(&m.w.layers[l].attn, l)
+		ops.MLP(&m.w.layers[l].mlp)
+	}
+	ops.Head(&m.w.head)
 }
 
 // Observer sees the input of every linear layer during Forward, for
 // calibration: Observe gets the weight's tensor name and the rows×cols
 // row-major inputs (one row per position) that the weight multiplies. x is
-// the model's own buffer, valid only during the call. Weights that share an
-// input (q/k/v, gate/up) are each called with it. The output head is
+// the device's own buffer, valid only during the call. Weights that share
+// an input (q/k/v, gate/up) are each called with it. The output head is
 // observed on the positions whose logits Forward computes.
-type Observer interface {
-	Observe(weight string, x []float32, rows, cols int)
-}
-
-// observer is an installed Observer with the weight names it reports.
-type observer struct {
-	o      Observer
-	layers []layerNames
-	head   string
-}
-
-// layerNames are one layer's weight names, by input.
-type layerNames struct{ q, k, v, o, gate, up, down string }
+type Observer = backend.Observer
 
 // SetObserver installs o, called from the goroutine that runs Forward (so
 // concurrently when several caches run at once); nil removes it. Not to be
-// called during a Forward.
-func (m *Model) SetObserver(o Observer) {
-	if o == nil {
-		m.obs = nil
-		return
+// called during a Forward. Devices that cannot observe return an error.
+func (m *Model) SetObserver(o Observer) error {
+	d, ok := m.dev.(backend.Observable)
+	if !ok {
+		return fmt.Errorf("model: device %s cannot observe layer inputs", m.dev.Name())
 	}
-	ob := &observer{o: o, layers: make([]layerNames, m.cfg.layers), head: "lm_head.weight"}
-	if m.cfg.tied {
-		ob.head = "model.embed_tokens.weight"
-	}
-	for l := range ob.layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		ob.layers[l] = layerNames{
-			q: p + "self_attn.q_proj.weight", k: p + "self_attn.k_proj.weight", v: p + "self_attn.v_proj.weight",
-			o: p + "self_attn.o_proj.weight", gate: p + "mlp.gate_proj.weight", up: p + "mlp.up_proj.weight",
-			down: p + "mlp.down_proj.weight",
-		}
-	}
-	m.obs = ob
-}
-
-// see reports x (rows×cols) as the input of each named weight.
-func (ob *observer) see(x []float32, rows, cols int, names ...string) {
-	for _, n := range names {
-		ob.o.Observe(n, x, rows, cols)
-	}
+	d.SetObserver(o)
+	return nil
 }
 
 // Forward runs tokens at positions pos, pos+1, … through the network,
@@ -183,206 +179,74 @@ func (m *Model) Forward(c *Cache, tokens []int, pos int, want Logits) ([]float32
 	if c.m != m {
 		return nil, fmt.Errorf("model: the cache belongs to another model")
 	}
-	if pos != c.n {
-		return nil, fmt.Errorf("model: forward at position %d but the cache holds %d tokens (Truncate it first)", pos, c.n)
+	if pos != c.Len() {
+		return nil, fmt.Errorf("model: forward at position %d but the cache holds %d tokens (Truncate it first)", pos, c.Len())
 	}
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("model: no tokens")
 	}
-	if pos+len(tokens) > c.ctx {
-		return nil, fmt.Errorf("model: %d tokens at position %d exceed the context of %d tokens", len(tokens), pos, c.ctx)
+	if pos+len(tokens) > c.Cap() {
+		return nil, fmt.Errorf("model: %d tokens at position %d exceed the context of %d tokens", len(tokens), pos, c.Cap())
+	}
+	if err := m.checkTokens(tokens); err != nil {
+		return nil, err
 	}
 	V := m.cfg.vocab
-	for i, t := range tokens {
-		if t < 0 || t >= V {
-			return nil, fmt.Errorf("model: token %d at index %d is outside the vocabulary of %d", t, i, V)
-		}
-	}
-	rs := &c.rs
-	// RoPE frequencies for this call: only dynamic scaling depends on the
-	// call's last position, as in transformers.
-	inv, scale := m.rope.Freqs(pos+len(tokens), rs.invFreq)
 	var all []float32
 	if want == AllLogits {
 		all = make([]float32, len(tokens)*V)
 	}
-	H := m.cfg.dim
+	b := &c.b
+	b.Seqs, b.Tokens, b.RopeLen = c.seqs[:], c.toks[:], c.ropeLen[:]
+	// Dynamic RoPE frequencies depend on the call's last position, as in
+	// transformers.
+	c.ropeLen[0] = pos + len(tokens)
 	for s := 0; s < len(tokens); s += m.batch {
-		chunk := tokens[s:min(s+m.batch, len(tokens))]
-		T := len(chunk)
-		m.step(c, chunk, pos+s, inv, scale)
+		T := min(m.batch, len(tokens)-s)
+		c.toks[0] = tokens[s : s+T]
+		b.Logits, b.Out = backend.NoLogits, nil
 		switch {
 		case want == AllLogits:
-			for t := range T {
-				kernels.RMSNorm(rs.xb[t*H:(t+1)*H], rs.x[t*H:(t+1)*H], m.w.norm, m.cfg.eps, m.cfg.onePlus)
-			}
-			if m.obs != nil {
-				m.obs.see(rs.xb[:T*H], T, H, m.obs.head)
-			}
-			m.pool.MatMul(m.w.head, rs.xb, T, all[s*V:(s+T)*V])
+			b.Logits, b.Out = backend.AllLogits, all[s*V:(s+T)*V]
 		case want == LastLogits && s+T == len(tokens):
-			kernels.RMSNorm(rs.xb[:H], rs.x[(T-1)*H:T*H], m.w.norm, m.cfg.eps, m.cfg.onePlus)
-			if m.obs != nil {
-				m.obs.see(rs.xb[:H], 1, H, m.obs.head)
-			}
-			m.pool.MatVec(m.w.head, rs.xb[:H], rs.logits)
+			b.Logits, b.Out = backend.LastLogits, c.logits
+		}
+		if err := m.dev.Run(b, m.step); err != nil {
+			return nil, fmt.Errorf("model: %w", err)
 		}
 	}
+	c.toks[0] = nil
 	switch want {
 	case AllLogits:
 		return all, nil
 	case LastLogits:
-		return rs.logits, nil
+		return c.logits, nil
 	}
 	return nil, nil
 }
 
-// step runs T ≤ batch tokens at positions p0.. through every layer,
-// leaving the final hidden states (before the last norm) in rs.x.
-func (m *Model) step(c *Cache, toks []int, p0 int, inv []float32, ropeScale float32) {
-	cfg, rs, pool := &m.cfg, &c.rs, m.pool
-	T, H, I, hd := len(toks), cfg.dim, cfg.hidden, cfg.headDim
-	qd, kvd := cfg.heads*hd, cfg.kvHeads*hd
-	h2 := m.rope.Dim() / 2
-	x, xb, xb2 := rs.x[:T*H], rs.xb[:T*H], rs.xb2[:T*H]
-	q, k, v, att := rs.q[:T*qd], rs.k[:T*kvd], rs.v[:T*kvd], rs.att[:T*qd]
-	hb, hb2 := rs.hb[:T*I], rs.hb2[:T*I]
-
-	// x = embed_tokens[ids]; cos/sin for each position.
-	for t, tok := range toks {
-		m.w.embed.Row(tok, x[t*H:(t+1)*H])
-		kernels.CosSin(inv, ropeScale, p0+t, rs.cos[t*h2:(t+1)*h2], rs.sin[t*h2:(t+1)*h2])
-	}
-	for l := range m.w.layers {
-		ly := &m.w.layers[l]
-		// xb = input_layernorm(x)
-		for t := range T {
-			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.attnNorm, cfg.eps, cfg.onePlus)
-		}
-		var names *layerNames
-		if m.obs != nil {
-			names = &m.obs.layers[l]
-			m.obs.see(xb, T, H, names.q, names.k, names.v)
-		}
-		// q, k, v = q_proj(xb), k_proj(xb), v_proj(xb)
-		pool.MatMul(ly.wq, xb, T, q)
-		pool.MatMul(ly.wk, xb, T, k)
-		pool.MatMul(ly.wv, xb, T, v)
-		addBias(q, ly.bq)
-		addBias(k, ly.bk)
-		addBias(v, ly.bv)
-		for t := range T {
-			cos, sin := rs.cos[t*h2:(t+1)*h2], rs.sin[t*h2:(t+1)*h2]
-			// q = rope(q_norm(q)) per head; k likewise.
-			for h := range cfg.heads {
-				qh := q[t*qd+h*hd : t*qd+(h+1)*hd]
-				if cfg.qkNorm {
-					kernels.RMSNorm(qh, qh, ly.qNorm, cfg.eps, cfg.onePlus)
-				}
-				kernels.ApplyRope(qh, cos, sin)
-			}
-			for h := range cfg.kvHeads {
-				kh := k[t*kvd+h*hd : t*kvd+(h+1)*hd]
-				if cfg.qkNorm {
-					kernels.RMSNorm(kh, kh, ly.kNorm, cfg.eps, cfg.onePlus)
-				}
-				kernels.ApplyRope(kh, cos, sin)
-				// Cache K (after norm and RoPE) and V at position p0+t.
-				copy(c.kv(l, h, p0+t, false), kh)
-				copy(c.kv(l, h, p0+t, true), v[t*kvd+h*hd:t*kvd+(h+1)*hd])
-			}
-		}
-		// att = softmax(q·Kᵀ/√hd + causal mask)·V, per query head.
-		rs.attn = attnTask{m: m, c: c, l: l, p0: p0, q: q, out: att}
-		pool.For(T*cfg.heads, T*cfg.heads*(p0+T)*hd*2, &rs.attn)
-		rs.attn = attnTask{}
-		// x = x + o_proj(att)
-		if names != nil {
-			m.obs.see(att, T, qd, names.o)
-		}
-		pool.MatMul(ly.wo, att, T, xb2)
-		addBias(xb2, ly.bo)
-		kernels.Add(x, xb2)
-		// xb = post_attention_layernorm(x)
-		for t := range T {
-			kernels.RMSNorm(xb[t*H:(t+1)*H], x[t*H:(t+1)*H], ly.ffnNorm, cfg.eps, cfg.onePlus)
-		}
-		// x = x + down_proj(silu(gate_proj(xb)) * up_proj(xb))
-		if names != nil {
-			m.obs.see(xb, T, H, names.gate, names.up)
-		}
-		pool.MatMul(ly.wGate, xb, T, hb)
-		pool.MatMul(ly.wUp, xb, T, hb2)
-		addBias(hb, ly.bGate)
-		addBias(hb2, ly.bUp)
-		kernels.SiLUMul(hb, hb2)
-		if names != nil {
-			m.obs.see(hb, T, I, names.down)
-		}
-		pool.MatMul(ly.wDown, hb, T, xb2)
-		addBias(xb2, ly.bDown)
-		kernels.Add(x, xb2)
-	}
-	c.n = p0 + T
-}
-
-// addBias adds b to every row of y (rows of len(b)); nil b is no bias.
-func addBias(y, b []float32) {
-	if b == nil {
-		return
-	}
-	for i := 0; i < len(y); i += len(b) {
-		kernels.Add(y[i:i+len(b)], b)
-	}
-}
-
-// attnTask computes causal GQA attention for T·heads (position, head)
-// pairs of one layer, reading K and V from the cache.
-type attnTask struct {
-	m   *Model
-	c   *Cache
-	l   int
-	p0  int
-	q   []float32 // (T, heads*headDim)
-	out []float32 // (T, heads*headDim)
-}
-
-func (a *attnTask) Run(lo, hi, worker int) {
-	cfg := &a.m.cfg
-	hd, nh := cfg.headDim, cfg.heads
-	group := nh / cfg.kvHeads // query heads per kv head
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	scores := a.c.rs.scores[worker]
-	for it := lo; it < hi; it++ {
-		t, h := it/nh, it%nh
-		kvh := h / group
-		n := a.p0 + t + 1 // positions 0..p0+t are visible
-		q := a.q[t*nh*hd+h*hd : t*nh*hd+(h+1)*hd]
-		K, V := a.c.head(a.l, kvh, false), a.c.head(a.l, kvh, true)
-		s := scores[:n]
-		for j := range s {
-			s[j] = kernels.Dot(q, K[j*hd:(j+1)*hd]) * scale
-		}
-		kernels.Softmax(s)
-		o := a.out[t*nh*hd+h*hd : t*nh*hd+(h+1)*hd]
-		clear(o)
-		for j, p := range s {
-			kernels.AXPY(o, p, V[j*hd:(j+1)*hd])
+func (m *Model) checkTokens(tokens []int) error {
+	for i, t := range tokens {
+		if t < 0 || t >= m.cfg.vocab {
+			return fmt.Errorf("model: token %d at index %d is outside the vocabulary of %d", t, i, m.cfg.vocab)
 		}
 	}
+	return nil
 }
 
 // ForwardMulti runs one step for several sequences at once: tokens[i] are
 // appended to caches[i] at its current length, and the logits of each
 // sequence's last new position are returned (logits[i] is caches[i]'s own
 // buffer, valid until its next Forward). Decode steps of many sequences (one
-// token each) and prefill chunks mix freely; the caches must be distinct
-// and belong to m. On error no cache has advanced past its state before
-// the call, except that caches earlier in the list may have been filled.
+// token each) and prefill chunks mix freely and run as one batch: each
+// weight is read once for all rows. The caches must be distinct and belong
+// to m; the caller bounds the rows of one step (they size the run state).
+// On error no cache has advanced.
 func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, error) {
 	if len(caches) != len(tokens) {
 		return nil, fmt.Errorf("model: %d caches but %d token lists", len(caches), len(tokens))
 	}
+	b := backend.Batch{Seqs: make([]backend.Seq, len(caches)), Tokens: tokens, Logits: backend.LastLogits}
 	seen := make(map[*Cache]bool, len(caches))
 	for i, c := range caches {
 		if seen[c] {
@@ -395,17 +259,23 @@ func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, erro
 		if len(tokens[i]) == 0 {
 			return nil, fmt.Errorf("model: sequence %d has no tokens", i)
 		}
-		if c.n+len(tokens[i]) > c.ctx {
-			return nil, fmt.Errorf("model: sequence %d: %d tokens at position %d exceed the context of %d tokens", i, len(tokens[i]), c.n, c.ctx)
+		if c.Len()+len(tokens[i]) > c.Cap() {
+			return nil, fmt.Errorf("model: sequence %d: %d tokens at position %d exceed the context of %d tokens", i, len(tokens[i]), c.Len(), c.Cap())
 		}
+		if err := m.checkTokens(tokens[i]); err != nil {
+			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
+		}
+		b.Seqs[i] = c.seq
+	}
+	V := m.cfg.vocab
+	b.Out = make([]float32, len(caches)*V)
+	if err := m.dev.Run(&b, m.step); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	out := make([][]float32, len(caches))
 	for i, c := range caches {
-		l, err := m.Forward(c, tokens[i], c.n, LastLogits)
-		if err != nil {
-			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
-		}
-		out[i] = l
+		copy(c.logits, b.Out[i*V:(i+1)*V])
+		out[i] = c.logits
 	}
 	return out, nil
 }

@@ -121,7 +121,7 @@ func TestFixturesMatchTransformers(t *testing.T) {
 
 func matchFixture(t *testing.T, name string, q quant.DType) {
 	cases := loadFixture(t, name)
-	m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), model.LoadOptions{Threads: 2, Batch: 16})
+	m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), opts(t, 2, 16))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestFixturesQuantized(t *testing.T) {
 		for _, q := range []quant.DType{quant.Q8Row, quant.Q82F, quant.Q4TP} {
 			t.Run(name+"/"+q.String(), func(t *testing.T) {
 				cases := loadFixture(t, name)
-				m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), model.LoadOptions{Threads: 2, Batch: 16})
+				m, err := model.Load(convertHF(t, filepath.Join(fixtureDir, name), q), opts(t, 2, 16))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -291,7 +291,7 @@ func TestFixturesNotRunnable(t *testing.T) {
 				t.Skipf("fixture %s not present", name)
 			}
 			cm := convertHF(t, filepath.Join(fixtureDir, name), quant.F32)
-			m, err := model.Load(cm, model.LoadOptions{Threads: 1})
+			m, err := model.Load(cm, opts(t, 1, 0))
 			if err == nil {
 				m.Close()
 				t.Fatal("loaded")

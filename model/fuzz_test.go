@@ -64,7 +64,7 @@ func FuzzLoadArch(f *testing.F) {
 		saved := fuzzModel.Header.Arch
 		fuzzModel.Header.Arch = a
 		defer func() { fuzzModel.Header.Arch = saved }()
-		m, err := model.Load(fuzzModel, model.LoadOptions{Threads: 2, Batch: 2})
+		m, err := model.Load(fuzzModel, opts(t, 2, 2))
 		if err != nil {
 			return
 		}

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
-	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -31,7 +31,7 @@ var families = map[string]family{}
 
 func register(f family) { families[f.name] = f }
 
-// Runnable lists the architectures the CPU forward pass runs.
+// Runnable lists the architectures the forward pass runs.
 func Runnable() []string {
 	names := slices.Collect(maps.Keys(families))
 	sort.Strings(names)
@@ -40,13 +40,11 @@ func Runnable() []string {
 
 // LoadOptions tune Load.
 type LoadOptions struct {
-	// Pool runs the kernels; nil starts a pool of Threads workers that
-	// Close stops.
-	Pool    *kernels.Pool
-	Threads int // workers of the pool Load starts (0: GOMAXPROCS)
-	// Batch is the most positions one prefill step processes together
-	// (0: 64); longer prompts are processed in steps of Batch. It sizes a
-	// Cache's run state.
+	// Device runs the model (backend/cpu.New for the CPU); required. The
+	// model does not own it: close it after the model.
+	Device backend.Device
+	// Batch is the most positions one prefill step of Forward processes
+	// together (0: 64); longer prompts are processed in steps of Batch.
 	Batch int
 }
 
@@ -59,24 +57,23 @@ const (
 	NoLogits                 // none: only fill the cache
 )
 
-// Model is a dense decoder (llama, qwen2, qwen3) ready to run on the CPU:
-// its weights are views into the CMF mapping, which must stay open while
-// the model is used.
+// Model is a decoder ready to run on a device: its weights are resident
+// there (on the CPU, views into the CMF mapping, which must stay open while
+// the model is used).
 type Model struct {
 	Arch cmf.Arch
 
-	cfg     config
-	pool    *kernels.Pool
-	ownPool bool
-	batch   int
-	rope    *kernels.Rope
-	w       weights
-	obs     *observer // set by SetObserver (decoder.go); nil costs one check per layer
+	cfg   config
+	dev   backend.Device
+	batch int
+	spec  backend.SeqSpec
+	w     weights
+	step  func(backend.Ops) // one step of the network over a batch's rows
 }
 
 // Load builds a runnable model over an open CMF file: it checks the
-// architecture, then every tensor's presence, format and shape, and views
-// the weights in place.
+// architecture, then every tensor's presence, format and shape, and makes
+// the weights resident on the device.
 func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	a := m.Header.Arch
 	fam, ok := families[a.ArchName]
@@ -86,6 +83,9 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 		}
 		return nil, fmt.Errorf("model: unknown architecture %q (CPU runs %v)", a.ArchName, Runnable())
 	}
+	if opt.Device == nil {
+		return nil, fmt.Errorf("model: no device to load %s on", a.ArchName)
+	}
 	f, err := fam.features(&a)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
@@ -94,37 +94,53 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	rope, err := kernels.NewRope(ropeConfig(&a))
+	if p, ok := opt.Device.(backend.Planner); ok {
+		if err := p.Plan(weightBytes(m, &a), cfg.seqSpec(), cfg.widest()); err != nil {
+			return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
+		}
+	}
+	ld := &loader{m: m, dev: opt.Device}
+	rope, err := opt.Device.NewRope(ropeConfig(&a))
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	ld := &loader{m: m}
-	w := loadWeights(ld, &cfg)
+	w := loadWeights(ld, &cfg, rope)
 	if ld.err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, ld.err)
 	}
-	md := &Model{Arch: a, cfg: cfg, rope: rope, w: w, pool: opt.Pool, batch: opt.Batch}
+	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, w: w, batch: opt.Batch, spec: cfg.seqSpec()}
+	md.step = md.decoderStep
 	if md.batch <= 0 {
 		md.batch = 64
-	}
-	if md.pool == nil {
-		md.pool, md.ownPool = kernels.NewPool(opt.Threads), true
 	}
 	return md, nil
 }
 
-// Close stops the worker pool if Load started it. The CMF file is the
-// caller's to close, after the model.
-func (m *Model) Close() {
-	if m.ownPool {
-		m.pool.Close()
-		m.ownPool = false
+// weightBytes sums the stored bytes of the network's tensors.
+func weightBytes(m *cmf.Model, a *cmf.Arch) int64 {
+	ts, err := Tensors(a)
+	if err != nil {
+		return 0
 	}
+	var n int64
+	for _, t := range ts {
+		if e, _, err := m.TensorData(t.Name); err == nil {
+			n += e.Size
+		}
+	}
+	return n
 }
 
-// ropeConfig maps the header's RoPE description to the kernel's.
-func ropeConfig(a *cmf.Arch) kernels.RopeConfig {
-	c := kernels.RopeConfig{
+// Device returns the device the model runs on.
+func (m *Model) Device() backend.Device { return m.dev }
+
+// Close releases nothing today (the device is the caller's); it is kept so
+// that a model's life is explicit.
+func (m *Model) Close() {}
+
+// ropeConfig maps the header's RoPE description to the backend's.
+func ropeConfig(a *cmf.Arch) backend.RopeConfig {
+	c := backend.RopeConfig{
 		HeadDim: a.HeadDim, PartialRotaryFactor: a.PartialRotaryFactor, Theta: a.RopeTheta,
 		MaxPositions: a.MaxPositionEmbeddings,
 	}
@@ -141,6 +157,7 @@ func ropeConfig(a *cmf.Arch) kernels.RopeConfig {
 // loader looks tensors up, checks them and keeps the first error.
 type loader struct {
 	m   *cmf.Model
+	dev backend.Device
 	err error
 }
 
@@ -166,13 +183,13 @@ func (ld *loader) tensor(name string, shape ...int) (*cmf.Tensor, []byte) {
 	return t, data
 }
 
-// mat views a [rows, cols] weight matrix in place.
-func (ld *loader) mat(name string, rows, cols int) *kernels.Mat {
+// mat makes a [rows, cols] weight matrix resident.
+func (ld *loader) mat(name string, rows, cols int) backend.Mat {
 	t, data := ld.tensor(name, rows, cols)
 	if t == nil {
 		return nil
 	}
-	m, err := kernels.NewMat(t.DType, rows, cols, data)
+	m, err := ld.dev.LoadMat(name, t.DType, rows, cols, data)
 	if err != nil {
 		ld.fail(fmt.Errorf("tensor %q (%s): %w", name, t.DType, err))
 		return nil
@@ -180,8 +197,9 @@ func (ld *loader) mat(name string, rows, cols int) *kernels.Mat {
 	return m
 }
 
-// vec decodes a [n] vector (a norm weight or a bias) to float32.
-func (ld *loader) vec(name string, n int) []float32 {
+// vec decodes a [n] vector (a norm weight or a bias) and makes it
+// resident; an absent optional vector is nil.
+func (ld *loader) vec(name string, n int) backend.Vec {
 	t, data := ld.tensor(name, n)
 	if t == nil {
 		return nil
@@ -197,5 +215,10 @@ func (ld *loader) vec(name string, n int) []float32 {
 		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
 		return nil
 	}
-	return v
+	bv, err := ld.dev.LoadVec(v)
+	if err != nil {
+		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
+		return nil
+	}
+	return bv
 }

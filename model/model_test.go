@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/convert"
 	"github.com/cortiq/cortiq/model"
@@ -235,7 +236,7 @@ func newCache(t testing.TB, m *model.Model, n int) *model.Cache {
 func TestForwardMatchesReference(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			m, cm := tinyModel(t, v, quant.F32, model.LoadOptions{Threads: 2})
+			m, cm := tinyModel(t, v, quant.F32, opts(t, 2, 0))
 			V := m.Arch.VocabSize
 			ids := prompt(13, V, 1)
 			got := forward(t, m, newCache(t, m, 32), ids, 0, model.AllLogits)
@@ -266,7 +267,7 @@ func TestQuantizedForwardMatchesReference(t *testing.T) {
 	for _, q := range []quant.DType{quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
 		for _, v := range []variant{variants[1], variants[9]} {
 			t.Run(q.String()+"/"+v.name, func(t *testing.T) {
-				m, cm := tinyModel(t, v, q, model.LoadOptions{Threads: 2, Batch: 5})
+				m, cm := tinyModel(t, v, q, opts(t, 2, 5))
 				V := m.Arch.VocabSize
 				ids := prompt(11, V, 2)
 				got := forward(t, m, newCache(t, m, 16), ids, 0, model.AllLogits)
@@ -291,7 +292,7 @@ func TestQuantizedForwardMatchesReference(t *testing.T) {
 func TestDecodeMatchesPrefill(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			m, _ := tinyModel(t, v, quant.F32, model.LoadOptions{Threads: 2})
+			m, _ := tinyModel(t, v, quant.F32, opts(t, 2, 0))
 			V, n := m.Arch.VocabSize, 12
 			if v.name == "llama_dynamic" {
 				// Dynamic NTK changes the frequencies with the sequence
@@ -324,12 +325,12 @@ func TestPrefillMatchesTokenByToken(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "hf")
 			writeHF(t, dir, v.cfg, 4)
 			cm := convertHF(t, dir, quant.F32)
-			big, err := model.Load(cm, model.LoadOptions{Threads: 2})
+			big, err := model.Load(cm, opts(t, 2, 0))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer big.Close()
-			small, err := model.Load(cm, model.LoadOptions{Threads: 1, Batch: 3})
+			small, err := model.Load(cm, opts(t, 1, 3))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -359,7 +360,7 @@ func TestPrefillMatchesTokenByToken(t *testing.T) {
 // TestCacheTruncateAndLimits rolls a cache back to a prefix and checks
 // the context limit, position and token checks, and Bytes.
 func TestCacheTruncateAndLimits(t *testing.T) {
-	m, _ := tinyModel(t, variants[9], quant.F32, model.LoadOptions{Threads: 2})
+	m, _ := tinyModel(t, variants[9], quant.F32, opts(t, 2, 0))
 	V := m.Arch.VocabSize
 	a, b, c2 := prompt(5, V, 10), prompt(4, V, 11), prompt(3, V, 12)
 	c := newCache(t, m, 12)
@@ -403,7 +404,7 @@ func TestCacheTruncateAndLimits(t *testing.T) {
 		t.Error("Reset")
 	}
 	other := newCache(t, m, 4)
-	m2, _ := tinyModel(t, variants[0], quant.F32, model.LoadOptions{Threads: 1})
+	m2, _ := tinyModel(t, variants[0], quant.F32, opts(t, 1, 0))
 	if _, err := m2.Forward(other, []int{1}, 0, model.LastLogits); err == nil {
 		t.Error("cache of another model accepted")
 	}
@@ -498,7 +499,7 @@ func TestLoadRejects(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			bad := rewrite(t, good, c.edit)
-			m, err := model.Load(bad, model.LoadOptions{Threads: 1})
+			m, err := model.Load(bad, opts(t, 1, 0))
 			if err == nil {
 				m.Close()
 				t.Fatal("loaded")
@@ -508,4 +509,12 @@ func TestLoadRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// opts returns load options on a CPU device of threads workers (0: all
+// cores), closed when the test ends.
+func opts(tb testing.TB, threads, batch int) model.LoadOptions {
+	d := cpu.New(threads)
+	tb.Cleanup(func() { d.Close() })
+	return model.LoadOptions{Device: d, Batch: batch}
 }

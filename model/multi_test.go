@@ -14,7 +14,7 @@ func TestForwardMultiMatchesSingle(t *testing.T) {
 	for _, v := range []variant{variants[0], variants[8], variants[9]} {
 		for _, q := range []quant.DType{quant.F32, quant.Q8Row} {
 			t.Run(v.name+"/"+q.String(), func(t *testing.T) {
-				m, _ := tinyModel(t, v, q, model.LoadOptions{Threads: 2, Batch: 5})
+				m, _ := tinyModel(t, v, q, opts(t, 2, 5))
 				V := m.Arch.VocabSize
 				const seqs = 4
 				ids := make([][]int, seqs)

@@ -38,7 +38,7 @@ func (r *recorder) Observe(w string, x []float32, rows, cols int) {
 func TestObserver(t *testing.T) {
 	for _, v := range []variant{variants[0], variants[1]} { // untied, tied
 		t.Run(v.name, func(t *testing.T) {
-			m, cm := tinyModel(t, v, quant.F32, model.LoadOptions{Threads: 2, Batch: 4})
+			m, cm := tinyModel(t, v, quant.F32, opts(t, 2, 4))
 			V, H := m.Arch.VocabSize, m.Arch.HiddenSize
 			ids := prompt(10, V, 3)
 			plain := forward(t, m, newCache(t, m, 16), ids, 0, model.AllLogits)
@@ -106,7 +106,7 @@ func TestObserver(t *testing.T) {
 // TestObserverLastLogits checks that a LastLogits Forward reports the
 // head's input for the last position only.
 func TestObserverLastLogits(t *testing.T) {
-	m, _ := tinyModel(t, variants[0], quant.F32, model.LoadOptions{Threads: 1})
+	m, _ := tinyModel(t, variants[0], quant.F32, opts(t, 1, 0))
 	rec := &recorder{rows: map[string]int{}, cols: map[string]int{}, x: map[string][]float32{}}
 	m.SetObserver(rec)
 	forward(t, m, newCache(t, m, 16), prompt(6, m.Arch.VocabSize, 4), 0, model.LastLogits)

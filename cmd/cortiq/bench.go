@@ -17,6 +17,7 @@ func newBench() *cobra.Command {
 	var p, n, r, threads int
 	var asJSON, md, noProbe bool
 	var probeMB int
+	var device string
 	c := &cobra.Command{
 		Use:   "bench MODEL [MODEL...]",
 		Short: "llama-bench-like speed table (pp, tg tok/s ± sd) with the machine's read bandwidth measured in the same run",
@@ -38,7 +39,11 @@ func newBench() *cobra.Command {
 				rep.ReadBandwidth = prober.Measure(5)
 			}
 			for _, path := range args {
-				e, err := engine.Open(path, engine.Options{Threads: threads})
+				dev, err := openDevice(device, threads, deviceSize{seqs: 1, ctx: p + n + 1, rows: max(p, 64)})
+				if err != nil {
+					return err
+				}
+				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true})
 				if err != nil {
 					return err
 				}
@@ -72,5 +77,6 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&md, "md", true, "Markdown table output (default)")
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
 	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
+	addDeviceFlag(c, &device)
 	return c
 }

@@ -19,19 +19,29 @@ func init() { commands = append(commands, newRun, newLogits, newTokenize) }
 // modelFlags are shared by the commands that load a model.
 type modelFlags struct {
 	threads, ctx, batch int
+	device              string
 }
 
 func (f *modelFlags) add(c *cobra.Command) {
 	c.Flags().IntVarP(&f.threads, "threads", "t", 0, "CPU threads (0: all cores)")
 	c.Flags().IntVar(&f.ctx, "ctx", 4096, "context length in tokens (KV cache size; capped at the model's trained context)")
 	c.Flags().IntVar(&f.batch, "batch", 0, "prefill positions per step (0: default)")
+	addDeviceFlag(c, &f.device)
 }
 
 func (f *modelFlags) open(path string) (*engine.Engine, error) {
 	if f.ctx < 1 || f.threads < 0 || f.batch < 0 {
 		return nil, fmt.Errorf("--ctx must be ≥ 1 and --threads, --batch ≥ 0")
 	}
-	return engine.Open(path, engine.Options{Threads: f.threads, Batch: f.batch})
+	dev, err := openDevice(f.device, f.threads, deviceSize{seqs: 1, ctx: f.ctx, rows: max(f.batch, 64)})
+	if err != nil {
+		return nil, err
+	}
+	e, err := engine.Open(path, engine.Options{Threads: f.threads, Batch: f.batch, Device: dev, OwnDevice: true})
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
 }
 
 func (f *modelFlags) ctxLen(e *engine.Engine) int {

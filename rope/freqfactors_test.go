@@ -1,4 +1,4 @@
-package kernels
+package rope
 
 import (
 	"math"
@@ -8,14 +8,14 @@ import (
 // TestRopeFreqFactors: dividing the default inverse frequencies by the
 // per-pair factors that llama3 scaling implies reproduces llama3 scaling.
 func TestRopeFreqFactors(t *testing.T) {
-	base := RopeConfig{HeadDim: 64, Theta: 500000, MaxPositions: 131072}
+	base := Config{HeadDim: 64, Theta: 500000, MaxPositions: 131072}
 	l3 := base
 	l3.Type, l3.Factor, l3.LowFreqFactor, l3.HighFreqFactor, l3.OriginalMaxPos = "llama3", 32, 1, 4, 8192
-	def, err := NewRope(base)
+	def, err := New(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := NewRope(l3)
+	want, err := New(l3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,7 +24,7 @@ func TestRopeFreqFactors(t *testing.T) {
 	for i := range def.invFreq {
 		ff.FreqFactors = append(ff.FreqFactors, float64(def.invFreq[i])/float64(want.invFreq[i]))
 	}
-	got, err := NewRope(ff)
+	got, err := New(ff)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,11 +35,11 @@ func TestRopeFreqFactors(t *testing.T) {
 	}
 	bad := ff
 	bad.FreqFactors = ff.FreqFactors[:3]
-	if _, err := NewRope(bad); err == nil {
+	if _, err := New(bad); err == nil {
 		t.Fatal("wrong factor count accepted")
 	}
 	bad.FreqFactors = append([]float64{0}, ff.FreqFactors[1:]...)
-	if _, err := NewRope(bad); err == nil {
+	if _, err := New(bad); err == nil {
 		t.Fatal("zero factor accepted")
 	}
 }

@@ -1,0 +1,219 @@
+// Package backend is the boundary between the architectures (package
+// model) and the devices that run them (backend/cpu; backend/cuda later).
+//
+// An architecture writes its step once, as a short loop over a closed set
+// of fused block-level operations (Ops): Embed, Attention, MLP, Head, and
+// one op per further block family (MoE, DeltaNet). Each op reads and
+// updates the step's residual stream, which lives on the device: the model
+// never sees activations, so a device is free to fuse inside an op (norm
+// into the projection that consumes it, RoPE and the K/V append into the
+// QKV epilogue) and to record the whole step once and replay it (a CUDA
+// graph). An op enters the set when an architecture needs it, with a plain
+// CPU implementation and a parity test.
+//
+// Weights are made resident once, from the CMF bytes as stored (LoadMat:
+// no conversion at load), and referred to by handles in the weight structs
+// of this package. Per-sequence state (the K/V cache, later the recurrent
+// state of linear-attention layers) is a Seq, owned by the device; a step
+// (Batch) runs rows of several sequences at once, so batched decode and
+// chunked prefill are the same call.
+//
+// This package imports quant and rope only; model imports this package
+// only.
+package backend
+
+import (
+	"errors"
+
+	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/rope"
+)
+
+// Device makes weights and sequence state resident and runs steps.
+type Device interface {
+	// Name says what runs the steps ("cpu (8 threads, avx512)").
+	Name() string
+	// LoadMat makes the rows×cols weight matrix whose CMF bytes are data
+	// resident. name is the tensor's name (calibration observers and error
+	// messages report it). On the CPU data is used in place and must stay
+	// mapped while the device uses it.
+	LoadMat(name string, dt quant.DType, rows, cols int, data []byte) (Mat, error)
+	// LoadVec makes a small float32 vector (a norm weight, a bias) resident.
+	LoadVec(v []float32) (Vec, error)
+	// NewRope prepares a rotary embedding's frequency table.
+	NewRope(c RopeConfig) (Rope, error)
+	// NewSeq allocates one sequence's state for up to ctx positions.
+	NewSeq(s SeqSpec, ctx int) (Seq, error)
+	// Run appends b's tokens to b's sequences by running step over them,
+	// and writes the logits b asks for to b.Out.
+	Run(b *Batch, step func(Ops)) error
+	// Close releases the device's resources (weights, workers).
+	Close() error
+}
+
+// Mat is a resident weight matrix (y = W·x, W row-major [Rows, Cols]).
+type Mat interface {
+	DType() quant.DType
+	Dims() (rows, cols int)
+}
+
+// Vec is a resident float32 vector.
+type Vec interface {
+	Len() int
+}
+
+// Rope is a resident rotary embedding.
+type Rope interface {
+	// Dim is the number of rotated dimensions of a head.
+	Dim() int
+}
+
+// Seq is one sequence's state on a device.
+type Seq interface {
+	Len() int             // positions it holds
+	Cap() int             // positions it can hold (the context length)
+	Truncate(n int) error // keep the first n positions
+	Bytes() int64         // memory of its state
+}
+
+// SeqSpec describes the state one sequence needs.
+type SeqSpec struct {
+	// Attention lists the layers with a K/V cache (full attention).
+	Attention []int
+	Layers    int // layers in all
+	KVHeads   int
+	HeadDim   int
+}
+
+// KVBytes is the K/V memory of one sequence of ctx positions (f32 keys
+// and values of every attention layer).
+func (s SeqSpec) KVBytes(ctx int) int64 {
+	return 2 * int64(len(s.Attention)) * int64(s.KVHeads) * int64(ctx) * int64(s.HeadDim) * 4
+}
+
+// Logits selects the logits a Batch returns.
+type Logits int
+
+const (
+	NoLogits   Logits = iota // none: only fill the sequences' state
+	LastLogits               // each sequence's last row: [len(Seqs) × vocab]
+	AllLogits                // every row, sequences in order: [rows × vocab]
+)
+
+// Batch is one step: Tokens[i] are appended to Seqs[i] at its current
+// length. The rows of the step are the sequences' tokens in order.
+type Batch struct {
+	Seqs   []Seq
+	Tokens [][]int
+	// RopeLen[i], when set, is the sequence length that dynamic RoPE
+	// scaling uses for sequence i (transformers recomputes the frequencies
+	// from the last position of each forward call, which may span several
+	// steps); 0 means the sequence's length after this step.
+	RopeLen []int
+	Logits  Logits
+	Out     []float32 // receives the logits; len ≥ rows wanted × vocab
+}
+
+// Rows returns the number of rows (tokens) of the step.
+func (b *Batch) Rows() int {
+	n := 0
+	for _, t := range b.Tokens {
+		n += len(t)
+	}
+	return n
+}
+
+// Ops is the closed set of fused operations a step is written in. Each op
+// updates the step's residual stream x ([rows × hidden], on the device).
+type Ops interface {
+	// Embed sets x to the rows of table selected by the step's tokens.
+	Embed(table Mat)
+	// Attention adds the attention block of layer to x:
+	// x += o_proj(attend(rope(qk_norm(q,k)), v)) over norm(x), appending
+	// the rows' keys and values to their sequences' caches.
+	Attention(w *Attention, layer int)
+	// MLP adds the SwiGLU block to x: x += down(silu(gate(n)) ⊙ up(n)),
+	// n = norm(x).
+	MLP(w *MLP)
+	// Head computes head(norm(x)) for the rows the batch asks for.
+	Head(w *Head)
+}
+
+// Norm is an RMSNorm: x/rms(x)·w, or x/rms(x)·(1+w) when OnePlus (the
+// zero-centred weights of Qwen3-Next and Qwen3.5).
+type Norm struct {
+	W       Vec
+	Eps     float32
+	OnePlus bool
+}
+
+// Attention is one full-attention block's weights (GQA with RoPE).
+type Attention struct {
+	Norm       Norm
+	Q, K, V, O Mat // Q: (Heads·HeadDim, H); K, V: (KVHeads·HeadDim, H); O: (H, Heads·HeadDim)
+	BQ, BK, BV Vec // biases, nil when absent
+	BO         Vec
+	QNorm      *Norm // per-head RMSNorm of q and k before RoPE, nil when absent
+	KNorm      *Norm
+	Rope       Rope
+	Heads      int
+	KVHeads    int
+	HeadDim    int
+}
+
+// MLP is a SwiGLU feed-forward block's weights.
+type MLP struct {
+	Norm              Norm
+	Gate, Up, Down    Mat // Gate, Up: (I, H); Down: (H, I)
+	BGate, BUp, BDown Vec // biases, nil when absent
+}
+
+// Head is the final norm and the output projection (the embedding table
+// when tied).
+type Head struct {
+	Norm Norm
+	W    Mat // (vocab, H)
+}
+
+// RopeConfig describes a rotary position embedding (package rope computes
+// its frequency tables on the host).
+type RopeConfig = rope.Config
+
+// Observer sees the input of every linear layer during a step, for
+// calibration: Observe gets the weight's tensor name and the rows×cols
+// row-major inputs (one row per position) that the weight multiplies. x is
+// the device's own buffer, valid only during the call.
+type Observer interface {
+	Observe(weight string, x []float32, rows, cols int)
+}
+
+// Observable is a device that can report linear-layer inputs.
+type Observable interface {
+	SetObserver(o Observer)
+}
+
+// Planner is a device that checks, before any weight is loaded, that a
+// model fits: weightBytes of weights, the state of its sequences (spec),
+// and step scratch for rows of at most widest floats. The error names the
+// numbers. model.Load calls it when the device has it.
+type Planner interface {
+	Plan(weightBytes int64, spec SeqSpec, widest int) error
+}
+
+// Releaser is a device whose sequences hold pooled resources (a GPU's
+// K/V slots) that Release returns; on other devices a sequence is simply
+// dropped.
+type Releaser interface {
+	Release(s Seq)
+}
+
+// Release returns s's resources to dev when dev pools them.
+func Release(dev Device, s Seq) {
+	if r, ok := dev.(Releaser); ok {
+		r.Release(s)
+	}
+}
+
+// ErrNoDevice says that a requested device is not present or cannot be
+// used; the wrapped error says why.
+var ErrNoDevice = errors.New("backend: no such device")

@@ -1,0 +1,306 @@
+// Package backendtest is the parity harness for backend.Device
+// implementations (llama.cpp's test-backend-ops is the model): every op ×
+// weight format × shape runs on the device under test and on a reference
+// device, and their logits are compared by normalised squared error. Each
+// case is a one-block network (embedding, one op, head) with random
+// weights, driven over schedules that cover prefill chunks of 1…9 rows,
+// decode across the 64-position boundary, and steps that mix several
+// sequences.
+package backendtest
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Case is one parity case: an op with its options in one weight format.
+type Case struct {
+	Name    string
+	Op      string // "attention", "mlp", "head"
+	DType   quant.DType
+	H, I    int // hidden and MLP widths (multiples of 32 so q4tp holds them)
+	Heads   int
+	KVHeads int
+	HeadDim int
+	Vocab   int
+	Bias    bool
+	QKNorm  bool
+	OnePlus bool
+	Rope    backend.RopeConfig
+}
+
+// Cases returns the standard cases: every op in every weight format, and
+// the attention variants (GQA ratios, biases, q/k norm, zero-centred norms,
+// partial rotary, each RoPE scaling type) in f32 and q4tp.
+func Cases() []Case {
+	base := Case{H: 64, I: 96, Heads: 4, KVHeads: 2, HeadDim: 16, Vocab: 72, Rope: backend.RopeConfig{HeadDim: 16, Theta: 10000, MaxPositions: 128}}
+	var cs []Case
+	for _, d := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		for _, op := range []string{"head", "attention", "mlp"} {
+			c := base
+			c.Name, c.Op, c.DType = op+"/"+d.String(), op, d
+			cs = append(cs, c)
+		}
+	}
+	variants := []func(*Case){
+		func(c *Case) { c.Name += "/mqa"; c.KVHeads = 1 },
+		func(c *Case) { c.Name += "/mha_bias"; c.KVHeads, c.Bias = 4, true },
+		func(c *Case) { c.Name += "/qknorm_oneplus"; c.QKNorm, c.OnePlus = true, true },
+		func(c *Case) { c.Name += "/partial"; c.Rope.PartialRotaryFactor = 0.25 },
+		func(c *Case) {
+			c.Name += "/llama3"
+			c.Rope.Type, c.Rope.Factor, c.Rope.LowFreqFactor, c.Rope.HighFreqFactor, c.Rope.OriginalMaxPos = "llama3", 8, 1, 4, 32
+		},
+		func(c *Case) { c.Name += "/yarn"; c.Rope.Type, c.Rope.Factor, c.Rope.OriginalMaxPos = "yarn", 4, 32 },
+		func(c *Case) { c.Name += "/linear"; c.Rope.Type, c.Rope.Factor = "linear", 2 },
+		func(c *Case) {
+			c.Name += "/dynamic"
+			c.Rope.Type, c.Rope.Factor, c.Rope.MaxPositions = "dynamic", 2, 16
+		},
+	}
+	for _, d := range []quant.DType{quant.F32, quant.Q4TP} {
+		for _, v := range variants {
+			c := base
+			c.Name, c.Op, c.DType = "attention/"+d.String(), "attention", d
+			v(&c)
+			cs = append(cs, c)
+		}
+	}
+	mb := base
+	mb.Name, mb.Op, mb.DType, mb.Bias = "mlp/q8_2f/bias", "mlp", quant.Q82F, true
+	return append(cs, mb)
+}
+
+// net is a one-block network resident on a device.
+type net struct {
+	embed backend.Mat
+	attn  *backend.Attention
+	mlp   *backend.MLP
+	head  backend.Head
+	spec  backend.SeqSpec
+}
+
+func (n *net) step(ops backend.Ops) {
+	ops.Embed(n.embed)
+	if n.attn != nil {
+		ops.Attention(n.attn, 0)
+	}
+	if n.mlp != nil {
+		ops.MLP(n.mlp)
+	}
+	ops.Head(&n.head)
+}
+
+// encoded caches encoded weights: every schedule and device of a case
+// uses the same bytes, and q4tp encoding is slow.
+var encoded sync.Map
+
+func encode(c Case, name string, seed uint64, w []float32, rows, cols int) ([]byte, error) {
+	key := fmt.Sprintf("%+v/%s/%d", c, name, seed)
+	if b, ok := encoded.Load(key); ok {
+		return b.([]byte), nil
+	}
+	b, err := quant.Encode(c.DType, w, []int{rows, cols}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: encode %s: %w", c.Name, name, err)
+	}
+	encoded.Store(key, b)
+	return b, nil
+}
+
+// build makes c's random weights (the same for a seed on every device)
+// resident on dev.
+func build(dev backend.Device, c Case, seed uint64) (*net, error) {
+	r := rand.New(rand.NewPCG(seed, 77))
+	var err error
+	mat := func(name string, rows, cols int, sd float64) backend.Mat {
+		if err != nil {
+			return nil
+		}
+		w := make([]float32, rows*cols)
+		for i := range w {
+			w[i] = float32(r.NormFloat64() * sd)
+		}
+		b, e := encode(c, name, seed, w, rows, cols)
+		if e != nil {
+			err = e
+			return nil
+		}
+		var m backend.Mat
+		m, err = dev.LoadMat(name, c.DType, rows, cols, b)
+		return m
+	}
+	vec := func(n int, mean, sd float64) backend.Vec {
+		if err != nil {
+			return nil
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(mean + r.NormFloat64()*sd)
+		}
+		var bv backend.Vec
+		bv, err = dev.LoadVec(v)
+		return bv
+	}
+	normMean := 1.0
+	if c.OnePlus {
+		normMean = 0
+	}
+	norm := func(n int) backend.Norm {
+		return backend.Norm{W: vec(n, normMean, 0.1), Eps: 1e-6, OnePlus: c.OnePlus}
+	}
+	n := &net{embed: mat("embed", c.Vocab, c.H, 0.5), spec: backend.SeqSpec{Layers: 1, KVHeads: c.KVHeads, HeadDim: c.HeadDim}}
+	switch c.Op {
+	case "attention":
+		qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+		var rope backend.Rope
+		if err == nil {
+			rope, err = dev.NewRope(c.Rope)
+		}
+		a := &backend.Attention{
+			Norm: norm(c.H), Q: mat("q", qd, c.H, 0.2), K: mat("k", kvd, c.H, 0.2), V: mat("v", kvd, c.H, 0.1),
+			O: mat("o", c.H, qd, 0.1), Rope: rope, Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		}
+		if c.Bias {
+			a.BQ, a.BK, a.BV, a.BO = vec(qd, 0, 0.1), vec(kvd, 0, 0.1), vec(kvd, 0, 0.1), vec(c.H, 0, 0.1)
+		}
+		if c.QKNorm {
+			qn, kn := norm(c.HeadDim), norm(c.HeadDim)
+			a.QNorm, a.KNorm = &qn, &kn
+		}
+		n.attn, n.spec.Attention = a, []int{0}
+	case "mlp":
+		m := &backend.MLP{Norm: norm(c.H), Gate: mat("gate", c.I, c.H, 0.1), Up: mat("up", c.I, c.H, 0.1), Down: mat("down", c.H, c.I, 0.1)}
+		if c.Bias {
+			m.BGate, m.BUp, m.BDown = vec(c.I, 0, 0.1), vec(c.I, 0, 0.1), vec(c.H, 0, 0.1)
+		}
+		n.mlp = m
+	}
+	n.head = backend.Head{Norm: norm(c.H), W: mat("head", c.Vocab, c.H, 0.2)}
+	return n, err
+}
+
+// Step is one step of a schedule: for each listed sequence, the number of
+// new tokens it gets.
+type Step []struct{ Seq, Tokens int }
+
+// Schedules returns the standard schedules: prefill chunks of 1…9 rows
+// followed by decode; a sequence decoded across position 64; and steps of
+// three sequences at different lengths mixing decode rows and a prefill
+// chunk.
+func Schedules() map[string][]Step {
+	s := map[string][]Step{}
+	for t := 1; t <= 9; t++ {
+		s[fmt.Sprintf("prefill%d+decode", t)] = []Step{{{0, t}}, {{0, 1}}, {{0, 1}}}
+	}
+	long := []Step{{{0, 60}}}
+	for range 8 {
+		long = append(long, Step{{0, 1}})
+	}
+	s["decode_across_64"] = long
+	s["three_sequences"] = []Step{
+		{{0, 5}, {1, 2}, {2, 9}},
+		{{0, 1}, {1, 1}, {2, 1}},
+		{{1, 4}, {0, 1}},
+		{{0, 1}, {1, 1}, {2, 1}},
+	}
+	return s
+}
+
+// Run drives a case's network on dev over a schedule and returns the
+// logits of every row of every step, in order.
+func Run(dev backend.Device, c Case, sched []Step, seed uint64) ([]float32, error) {
+	n, err := build(dev, c, seed)
+	if err != nil {
+		return nil, err
+	}
+	seqs := map[int]backend.Seq{}
+	defer func() {
+		for _, s := range seqs {
+			backend.Release(dev, s)
+		}
+	}()
+	tok := rand.New(rand.NewPCG(seed, 3))
+	var out []float32
+	for si, st := range sched {
+		b := &backend.Batch{Logits: backend.AllLogits}
+		for _, e := range st {
+			s, ok := seqs[e.Seq]
+			if !ok {
+				if s, err = dev.NewSeq(n.spec, 128); err != nil {
+					return nil, err
+				}
+				seqs[e.Seq] = s
+			}
+			toks := make([]int, e.Tokens)
+			for i := range toks {
+				toks[i] = tok.IntN(c.Vocab)
+			}
+			b.Seqs, b.Tokens = append(b.Seqs, s), append(b.Tokens, toks)
+		}
+		b.Out = make([]float32, b.Rows()*c.Vocab)
+		if err := dev.Run(b, n.step); err != nil {
+			return nil, fmt.Errorf("%s step %d: %w", c.Name, si, err)
+		}
+		out = append(out, b.Out...)
+	}
+	return out, nil
+}
+
+// NMSE is Σ(got−want)² / Σwant².
+func NMSE(got, want []float32) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - float64(w)
+		num += d * d
+		den += float64(w) * float64(w)
+	}
+	if den == 0 {
+		return num
+	}
+	return num / den
+}
+
+// Parity runs every case over every schedule on dev and ref and fails
+// where the logits' NMSE exceeds tol(case).
+func Parity(t *testing.T, dev, ref backend.Device, tol func(Case) float64) {
+	t.Helper()
+	for _, c := range Cases() {
+		for name, sched := range Schedules() {
+			got, err := Run(dev, c, sched, 11)
+			if err != nil {
+				t.Fatalf("%s on %s: %v", c.Name, dev.Name(), err)
+			}
+			want, err := Run(ref, c, sched, 11)
+			if err != nil {
+				t.Fatalf("%s on %s: %v", c.Name, ref.Name(), err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%s/%s: %d logits vs %d", c.Name, name, len(got), len(want))
+			}
+			e := NMSE(got, want)
+			if math.IsNaN(e) || e > tol(c) {
+				t.Errorf("%s/%s: NMSE %.3g on %s vs %s (tolerance %.1g)", c.Name, name, e, dev.Name(), ref.Name(), tol(c))
+			}
+		}
+	}
+}
+
+// Serial splits every step of sched into one step per sequence, in the
+// same order: run serially it must give the same logits, row for row, as
+// the batched schedule (batching must not change results).
+func Serial(sched []Step) []Step {
+	var out []Step
+	for _, st := range sched {
+		for _, e := range st {
+			out = append(out, Step{e})
+		}
+	}
+	return out
+}

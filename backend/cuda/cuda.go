@@ -1,0 +1,398 @@
+// Package cuda is the CUDA backend: backend.Device on an NVIDIA GPU through
+// the driver API (backend/cuda/driver, no cgo) and the kernels of
+// backend/cuda/kern. Weights are uploaded once, unconverted, from the CMF
+// bytes through pinned staging; each sequence owns a slot of a K/V pool
+// sized at Open; a step stages its token ids, positions and slots with one
+// host-to-device copy, runs the ops' kernels on one stream, and copies the
+// logits back.
+//
+// Status: written against the kernels' documented launch shapes and
+// checked on the CPU only (this file compiles and its no-GPU paths are
+// tested); the parity suite (backend/backendtest) has not yet run on a GPU.
+// docs/gpu.md says what has and has not been verified.
+package cuda
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/rope"
+)
+
+// Options size a device at Open.
+type Options struct {
+	Ordinal int // which GPU
+	// Seqs and Ctx size the K/V pool: Seqs sequences of up to Ctx
+	// positions each (fixed at Open so memory is checked once, up front).
+	Seqs, Ctx int
+	// MaxRows bounds the rows of one step (prefill chunk or batch); 0: 512.
+	MaxRows int
+	// Progress, when set, is told the bytes uploaded so far of the
+	// weights planned by Plan.
+	Progress func(done, total int64)
+	// Eager synchronises after every op (debugging: an error is reported
+	// by the op that caused it) and never replays graphs.
+	Eager bool
+	// Graphs records each decode shape (rows, logits kind) as a CUDA graph
+	// after its first eager step and replays it from then on.
+	Graphs bool
+}
+
+// Device is one GPU.
+type Device struct {
+	opt  Options
+	dev  *driver.Device
+	info driver.Info
+	mod  *kern.Module
+	strm driver.Stream
+
+	mu       sync.Mutex // one step at a time
+	stage    *driver.HostBuf
+	planned  int64 // weight bytes Plan announced
+	memPlan  MemoryPlan
+	uploaded int64
+	allocs   []driver.DevicePtr
+
+	spec   *backend.SeqSpec // fixed by the first NewSeq
+	kc, vc []driver.DevicePtr
+	free   []int // free K/V slots
+
+	st      *state
+	graphs  map[graphKey]graph
+	replays int
+}
+
+// stageBytes is the pinned staging buffer used for uploads and per-step
+// inputs and outputs.
+const stageBytes = 64 << 20
+
+// Open opens GPU opt.Ordinal and loads the kernels. Without a usable GPU
+// the error wraps backend.ErrNoDevice and says why in one line.
+func Open(opt Options) (*Device, error) {
+	if opt.Seqs <= 0 || opt.Ctx <= 0 {
+		return nil, fmt.Errorf("cuda: Open needs the K/V pool size (Seqs %d, Ctx %d)", opt.Seqs, opt.Ctx)
+	}
+	if opt.MaxRows <= 0 {
+		opt.MaxRows = 512
+	}
+	dev, err := driver.Open(opt.Ordinal)
+	if err != nil {
+		if errors.Is(err, driver.ErrNoDevice) {
+			return nil, fmt.Errorf("%w: %v", backend.ErrNoDevice, err)
+		}
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	d := &Device{opt: opt, dev: dev, info: dev.Info()}
+	err = dev.Do(func(c *driver.Ctx) error {
+		var err error
+		if d.mod, err = kern.Load(c, d.info, false); err != nil {
+			return err
+		}
+		if d.strm, err = c.NewStream(driver.StreamNonBlocking); err != nil {
+			return err
+		}
+		d.stage, err = c.HostAlloc(stageBytes, 0)
+		return err
+	})
+	if err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	return d, nil
+}
+
+// Name says which GPU runs the steps.
+func (d *Device) Name() string {
+	return fmt.Sprintf("cuda:%d (%s, %d SMs, kernels: %s)", d.opt.Ordinal, d.info.Name, d.info.SMs, d.mod.Source)
+}
+
+// Close frees everything and releases the GPU.
+func (d *Device) Close() error {
+	if d.dev == nil {
+		return nil
+	}
+	err := d.dev.Close()
+	d.dev = nil
+	return err
+}
+
+// MemoryPlan is what a model needs on the device.
+type MemoryPlan struct {
+	Weights, KV, Scratch, Free int64
+}
+
+// Need is the bytes the plan needs in all.
+func (p MemoryPlan) Need() int64 { return p.Weights + p.KV + p.Scratch }
+
+// Plan checks, before any weight is uploaded, that weights of weightBytes,
+// the K/V pool of Options.Seqs × Options.Ctx positions of spec, and the
+// step scratch fit the device's free memory; the error names every number.
+func (d *Device) Plan(weightBytes int64, spec backend.SeqSpec, widest int) error {
+	p, err := d.plan(weightBytes, spec, widest)
+	d.memPlan = p
+	return err
+}
+
+// MemoryPlan returns the last plan Plan checked.
+func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
+
+func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
+	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * spec.KVBytes(d.opt.Ctx)}
+	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec)
+	err := d.dev.Do(func(c *driver.Ctx) error {
+		free, _, err := c.MemInfo()
+		p.Free = free
+		return err
+	})
+	if err != nil {
+		return p, fmt.Errorf("cuda: %w", err)
+	}
+	if p.Need() > p.Free {
+		return p, fmt.Errorf("cuda: the model needs %s on %s (weights %s, K/V %s for %d sequences × %d positions, scratch %s) but %s is free; lower --ctx or --parallel, or run on the CPU",
+			gb(p.Need()), d.info.Name, gb(p.Weights), gb(p.KV), d.opt.Seqs, d.opt.Ctx, gb(p.Scratch), gb(p.Free))
+	}
+	d.planned = weightBytes
+	return p, nil
+}
+
+func gb(n int64) string { return fmt.Sprintf("%.2f GB", float64(n)/1e9) }
+
+// mat is a resident weight matrix.
+type mat struct {
+	name       string
+	dt         quant.DType
+	rows, cols int
+	p          driver.DevicePtr
+	colOff     int64 // q8_2f: byte offset of the column field
+}
+
+func (m *mat) DType() quant.DType     { return m.dt }
+func (m *mat) Dims() (rows, cols int) { return m.rows, m.cols }
+
+// kernelFormat names a format in the kernels' entry points.
+func kernelFormat(dt quant.DType) (string, error) {
+	switch dt {
+	case quant.F32:
+		return "f32", nil
+	case quant.F16:
+		return "f16", nil
+	case quant.BF16:
+		return "bf16", nil
+	case quant.Q8Row, quant.Q82F:
+		return "q8row", nil // q8_2f: prescale, then q8_row's kernel
+	case quant.Q4TP:
+		return "q4tp", nil
+	}
+	return "", fmt.Errorf("cuda: no kernels for weight format %s", dt)
+}
+
+// upload copies b to a new device allocation through the pinned stage.
+func (d *Device) upload(b []byte) (driver.DevicePtr, error) {
+	var p driver.DevicePtr
+	err := d.dev.Do(func(c *driver.Ctx) error {
+		var err error
+		if p, err = c.Alloc(int64(max(len(b), 16))); err != nil {
+			return err
+		}
+		d.allocs = append(d.allocs, p)
+		for off := 0; off < len(b); off += stageBytes {
+			n := min(stageBytes, len(b)-off)
+			copy(d.stage.Bytes()[:n], b[off:off+n])
+			if err := c.HtoDAsync(p.Add(int64(off)), d.stage, 0, n, d.strm); err != nil {
+				return err
+			}
+			// The stage is reused by the next piece: wait for this one.
+			if err := c.StreamSync(d.strm); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("cuda: upload of %d bytes: %w", len(b), err)
+	}
+	d.uploaded += int64(len(b))
+	if d.opt.Progress != nil && d.planned > 0 {
+		d.opt.Progress(d.uploaded, d.planned)
+	}
+	return p, nil
+}
+
+// LoadMat uploads the matrix's stored bytes unconverted.
+func (d *Device) LoadMat(name string, dt quant.DType, rows, cols int, data []byte) (backend.Mat, error) {
+	if _, err := kernelFormat(dt); err != nil {
+		return nil, fmt.Errorf("cuda: tensor %q: %w", name, err)
+	}
+	want, err := quant.ExpectedBytes(dt, []int{rows, cols})
+	if err != nil || want != int64(len(data)) {
+		return nil, fmt.Errorf("cuda: tensor %q: %d bytes for a %s %d×%d matrix (%v)", name, len(data), dt, rows, cols, err)
+	}
+	p, err := d.upload(data)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: tensor %q: %w", name, err)
+	}
+	m := &mat{name: name, dt: dt, rows: rows, cols: cols, p: p}
+	if dt == quant.Q82F {
+		m.colOff = quant.Q82FColOffset(rows, cols)
+	}
+	return m, nil
+}
+
+// vec is a resident float32 vector.
+type vec struct {
+	n int
+	p driver.DevicePtr
+}
+
+func (v *vec) Len() int { return v.n }
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+// LoadVec uploads v.
+func (d *Device) LoadVec(v []float32) (backend.Vec, error) {
+	p, err := d.upload(f32Bytes(v))
+	if err != nil {
+		return nil, err
+	}
+	return &vec{n: len(v), p: p}, nil
+}
+
+// ropeTab is a resident rotary table.
+type ropeTab struct {
+	t      *rope.Table
+	inv    driver.DevicePtr
+	mscale float32
+}
+
+func (r *ropeTab) Dim() int { return r.t.Dim() }
+
+// NewRope computes the table on the host and uploads its frequencies.
+// Dynamic scaling recomputes them per step (Run).
+func (d *Device) NewRope(c backend.RopeConfig) (backend.Rope, error) {
+	t, err := rope.New(c)
+	if err != nil {
+		return nil, err
+	}
+	inv, scale := t.Freqs(0, nil)
+	buf := make([]float32, max(len(inv), 1))
+	copy(buf, inv)
+	p, err := d.upload(f32Bytes(buf))
+	if err != nil {
+		return nil, err
+	}
+	return &ropeTab{t: t, inv: p, mscale: scale}, nil
+}
+
+// seq is a sequence's slot in the K/V pool.
+type seq struct {
+	d    *Device
+	slot int
+	ctx  int
+	n    int
+}
+
+func (s *seq) Len() int { return s.n }
+func (s *seq) Cap() int { return s.ctx }
+func (s *seq) Bytes() int64 {
+	return s.d.spec.KVBytes(s.d.opt.Ctx)
+}
+func (s *seq) Truncate(n int) error {
+	if n < 0 || n > s.n {
+		return fmt.Errorf("cuda: truncate to %d positions, the sequence holds %d", n, s.n)
+	}
+	s.n = n
+	return nil
+}
+
+// NewSeq takes a free slot of the K/V pool (allocated at the first call
+// for Options.Seqs sequences of Options.Ctx positions).
+func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ctx <= 0 || ctx > d.opt.Ctx {
+		return nil, fmt.Errorf("cuda: context %d outside 1..%d (the K/V pool was sized at Open)", ctx, d.opt.Ctx)
+	}
+	if d.spec == nil {
+		if err := d.allocKV(spec); err != nil {
+			return nil, err
+		}
+	} else if !sameSpec(*d.spec, spec) {
+		return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences")
+	}
+	if len(d.free) == 0 {
+		return nil, fmt.Errorf("cuda: all %d sequence slots are in use", d.opt.Seqs)
+	}
+	s := &seq{d: d, slot: d.free[len(d.free)-1], ctx: ctx}
+	d.free = d.free[:len(d.free)-1]
+	return s, nil
+}
+
+func sameSpec(a, b backend.SeqSpec) bool {
+	if a.Layers != b.Layers || a.KVHeads != b.KVHeads || a.HeadDim != b.HeadDim || len(a.Attention) != len(b.Attention) {
+		return false
+	}
+	for i := range a.Attention {
+		if a.Attention[i] != b.Attention[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// allocKV allocates every attention layer's pool:
+// cache[((slot·nkv + h)·ctx + t)·hd + d], float32.
+func (d *Device) allocKV(spec backend.SeqSpec) error {
+	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * 4
+	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
+	err := d.dev.Do(func(c *driver.Ctx) error {
+		for _, l := range spec.Attention {
+			for _, dst := range []*driver.DevicePtr{&d.kc[l], &d.vc[l]} {
+				p, err := c.Alloc(per)
+				if err != nil {
+					return err
+				}
+				*dst = p
+				d.allocs = append(d.allocs, p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cuda: K/V pool of %s: %w", gb(2*per*int64(len(spec.Attention))), err)
+	}
+	sp := spec
+	d.spec = &sp
+	for i := d.opt.Seqs - 1; i >= 0; i-- {
+		d.free = append(d.free, i)
+	}
+	return nil
+}
+
+// Release returns a sequence's slot to the pool.
+func (d *Device) Release(s backend.Seq) {
+	if c, ok := s.(*seq); ok && c.d == d && c.slot >= 0 {
+		d.mu.Lock()
+		d.free = append(d.free, c.slot)
+		c.slot = -1
+		d.mu.Unlock()
+	}
+}
+
+var (
+	_ backend.Device   = (*Device)(nil)
+	_ backend.Planner  = (*Device)(nil)
+	_ backend.Releaser = (*Device)(nil)
+)

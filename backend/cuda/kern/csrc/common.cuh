@@ -1,0 +1,133 @@
+// Shared helpers of cortiq's CUDA kernels (sm_90a; every kernel also builds
+// for compute_90 PTX). Activations and the KV cache are float32; weights are
+// read as CMF stores them (docs/quant.md), never converted.
+#pragma once
+#include <stdint.h>
+#include <cuda_fp16.h>
+
+#define FULL_MASK 0xffffffffu
+
+// Programmatic dependent launch: pdl_wait blocks until the grids this one
+// depends on have finished and their writes are visible; pdl_trigger lets
+// the next grid on the stream begin launching. Both are no-ops when the
+// launch did not ask for PDL, and compile to nothing before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+// f16 and bf16 bit patterns to float (exact).
+__device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+// Unaligned little-endian loads of stored scales (q8 row scales sit at
+// rows·cols, which may be odd).
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return (uint16_t)p[0] | ((uint16_t)p[1] << 8); }
+__device__ __forceinline__ float ld_f32(const uint8_t* p) {
+  return __uint_as_float((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// q4tp: rung k of a row's ladder, exp2(a + k·b) with the sum in float32
+// and no FMA, as docs/quant.md fixes it.
+__device__ __forceinline__ float q4tp_rung(uint16_t a, uint16_t b, int k) {
+  return exp2f(__fadd_rn(f16_to_f32(a), __fmul_rn((float)k, f16_to_f32(b))));
+}
+
+// q4tp: the 5-bit code of group g from a row's code bytes.
+__device__ __forceinline__ int q4tp_code(const uint8_t* codes, int g) {
+  int bit = 5 * g, cb = bit >> 3, sh = bit & 7;
+  uint32_t v = codes[cb];
+  if (sh > 3) v |= (uint32_t)codes[cb + 1] << 8;
+  return (int)((v >> sh) & 31u);
+}
+
+// Block-wide deterministic reductions for blocks of up to 1024 threads: a
+// fixed shuffle tree per warp, then warp 0 over the warps' results. sh
+// needs 32 slots. Every thread gets the result.
+__device__ __forceinline__ double block_sum_d(double v, double* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum_d(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    double t = lane < nw ? sh[lane] : 0.0;
+    t = warp_sum_d(t);
+    if (lane == 0) sh[0] = t;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+__device__ __forceinline__ float block_sum_f(float v, float* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = lane < nw ? sh[lane] : 0.0f;
+    t = warp_sum(t);
+    if (lane == 0) sh[0] = t;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+__device__ __forceinline__ float block_max_f(float v, float* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    float t = lane < nw ? sh[lane] : -INFINITY;
+    t = warp_max(t);
+    if (lane == 0) sh[0] = t;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+__device__ __forceinline__ int block_sum_i(int v, int* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    int t = lane < nw ? sh[lane] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    if (lane == 0) sh[0] = t;
+  }
+  __syncthreads();
+  return sh[0];
+}

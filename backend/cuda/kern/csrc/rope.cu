@@ -1,0 +1,77 @@
+// Rotary embedding (NeoX pairing, partial rotary) from an inverse-frequency
+// table, positions read from device memory, and the K/V cache append.
+// Angles as the CPU computes them: float(pos·inv[i]), sin and cos in double,
+// both times mscale (yarn's attention factor, 1 otherwise). The scaling
+// types (linear, dynamic, yarn, llama3, freq_factors) only change inv.
+// KV cache layout, float32: cache[((slot·nkv + h)·ctx + t)·hd + d].
+#include "common.cuh"
+
+// Rotates one head in place: for i < rot/2, (x[i], x[i+rot/2]) becomes
+// (x[i]·c − x[i+rot/2]·s, x[i+rot/2]·c + x[i]·s); dimensions ≥ rot pass.
+__device__ __forceinline__ void rope_head(float* xh, int rot, const float* __restrict__ inv, float mscale, int pos) {
+  const int half = rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float ang = __fmul_rn((float)pos, inv[i]);
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float c = __fmul_rn((float)cd, mscale), s = __fmul_rn((float)sd, mscale);
+    const float a = xh[i], b = xh[i + half];
+    xh[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+// rope: rotates every head of x[r] (nheads heads of hd floats from the row
+// start) at position pos[r]. Launch: grid (nheads, R), block 64.
+extern "C" __global__ void rope(float* x, int ldx, int hd, int rot, const float* __restrict__ inv, float mscale,
+                                const int* __restrict__ pos) {
+  pdl_trigger();
+  pdl_wait();
+  rope_head(x + (size_t)blockIdx.y * ldx + (size_t)blockIdx.x * hd, rot, inv, mscale, pos[blockIdx.y]);
+}
+
+__device__ __forceinline__ void kv_write(const float* k, const float* v, float* kc, float* vc, int slot, int h,
+                                         int nkv, int ctx, int hd, int t) {
+  const size_t base = (((size_t)slot * nkv + h) * ctx + t) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    kc[base + d] = k[d];
+    vc[base + d] = v[d];
+  }
+}
+
+// kv_append: writes head h of k[r] and v[r] into the caches at position
+// pos[r] of sequence slot[r]; a position outside [0, ctx) writes nothing.
+// Launch: grid (nkv, R), block 128.
+extern "C" __global__ void kv_append(const float* __restrict__ k, int ldk, const float* __restrict__ v, int ldv,
+                                     float* kc, float* vc, const int* __restrict__ pos, const int* __restrict__ slot,
+                                     int nkv, int hd, int ctx) {
+  pdl_trigger();
+  pdl_wait();
+  const int r = blockIdx.y, h = blockIdx.x, t = pos[r];
+  if (t < 0 || t >= ctx) return;
+  kv_write(k + (size_t)r * ldk + (size_t)h * hd, v + (size_t)r * ldv + (size_t)h * hd, kc, vc, slot[r], h, nkv, ctx,
+           hd, t);
+}
+
+// rope_qk_append: the decode fusion of the two above over a fused qkv
+// buffer qkv[r] = q (nq·hd) | k (nkv·hd) | v (nkv·hd): block h < nq rotates
+// q head h in place; block nq + j rotates k head j in place and appends k
+// and v head j to the caches. Launch: grid (nq + nkv, R), block 64.
+extern "C" __global__ void rope_qk_append(float* qkv, int ld, int nq, int nkv, int hd, int rot,
+                                          const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
+                                          const int* __restrict__ slot, float* kc, float* vc, int ctx) {
+  pdl_trigger();
+  pdl_wait();
+  const int r = blockIdx.y, h = blockIdx.x, t = pos[r];
+  float* row = qkv + (size_t)r * ld;
+  if (h < nq) {
+    rope_head(row + (size_t)h * hd, rot, inv, mscale, t);
+    return;
+  }
+  const int j = h - nq;
+  float* kh = row + (size_t)(nq + j) * hd;
+  rope_head(kh, rot, inv, mscale, t);
+  __syncthreads();
+  if (t < 0 || t >= ctx) return;
+  kv_write(kh, row + (size_t)(nq + nkv + j) * hd, kc, vc, slot[r], j, nkv, ctx, hd, t);
+}

@@ -1,0 +1,154 @@
+package kern_test
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// kernName is the matvec kernel family of a format (q8_2f runs as
+// q82f_prescale + mv_q8row).
+var kernName = map[quant.DType]string{
+	quant.F32: "f32", quant.F16: "f16", quant.BF16: "bf16", quant.Q8Row: "q8row", quant.Q82F: "q8row", quant.Q4TP: "q4tp",
+}
+
+var embedName = map[quant.DType]string{
+	quant.F32: "f32", quant.F16: "f16", quant.BF16: "bf16", quant.Q8Row: "q8row", quant.Q82F: "q82f", quant.Q4TP: "q4tp",
+}
+
+type mvShape struct{ rows, cols, ldxPad int }
+
+func mvShapes(d quant.DType) []mvShape {
+	if d == quant.Q4TP {
+		// gpr 3 (one partial lane round), 33 (two rounds), 128; odd row counts; an ldx
+		// that is not a multiple of 4 takes the element-wise activation loads.
+		return []mvShape{{37, 96, 0}, {130, 1056, 0}, {5, 4096, 0}, {64, 256, 1}}
+	}
+	// 101 columns: rows that are not whole 16-byte chunks (element-wise path);
+	// 1040: 65 chunks for q8, so lanes wrap; ldxPad 1: activations misaligned.
+	return []mvShape{{64, 256, 0}, {37, 101, 0}, {130, 1040, 0}, {3, 4160, 0}, {64, 256, 1}}
+}
+
+// TestGPUMatvecParity: every format × shape × R = 1..9 activation rows
+// (9 = a launch of 8 and one of 1) × epilogue, against quant's DotRow.
+func TestGPUMatvecParity(t *testing.T) {
+	g := newGPU(t)
+	r := rng(1)
+	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		codec, _ := quant.CodecFor(dt)
+		for _, sh := range mvShapes(dt) {
+			rows, cols := sh.rows, sh.cols
+			w := r.vec(rows*cols, 0.05)
+			wb, err := quant.Encode(dt, w, []int{rows, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+			dW := g.upload(wb)
+			ldx := (cols+3)/4*4 + sh.ldxPad
+			ldy := rows + 3
+			const maxR = 9
+			x := r.vec(maxR*ldx, 1)
+			dx := g.f32(x)
+			bias := r.vec(rows, 0.1)
+			dbias := g.f32(bias)
+			dxs := g.zeros(maxR * ldx)
+			for R := 1; R <= maxR; R++ {
+				for _, epi := range []string{"store", "bias+accumulate"} {
+					y0 := r.vec(maxR*ldy, 1)
+					dy := g.f32(y0)
+					in := dx
+					if dt == quant.Q82F {
+						var a driver.Args
+						off := quant.Q82FColOffset(rows, cols)
+						a.Ptr(dW).I64(off).Int(cols).Ptr(dx).Int(ldx).Ptr(dxs).Int(ldx)
+						g.launch("q82f_prescale", driver.D2((cols+255)/256, R), driver.D1(256), 0, &a)
+						in = dxs
+					}
+					for r0 := 0; r0 < R; r0 += 8 {
+						rr := min(8, R-r0)
+						var a driver.Args
+						a.Ptr(dW).Int(rows).Int(cols).Ptr(in.Add(int64(4 * r0 * ldx))).Int(ldx).Ptr(dy.Add(int64(4 * r0 * ldy))).Int(ldy)
+						if epi == "store" {
+							a.Ptr(0).Int(0)
+						} else {
+							a.Ptr(dbias).Int(1)
+						}
+						g.launch(fmt.Sprintf("mv_%s_r%d", kernName[dt], rr), driver.D1((rows+7)/8), driver.D1(128), 0, &a)
+					}
+					got := g.readF32(dy, maxR*ldy)
+					for ri := range maxR {
+						xr := x[ri*ldx : ri*ldx+cols]
+						for o := range rows {
+							gv := got[ri*ldy+o]
+							if ri >= R {
+								if gv != y0[ri*ldy+o] {
+									t.Fatalf("%s %dx%d R=%d: row %d beyond R written", dt, rows, cols, R, ri)
+								}
+								continue
+							}
+							want := codec.DotRow(wb, rows, cols, o, xr)
+							var mag float64
+							for i, v := range xr {
+								mag += math.Abs(float64(wd[o*cols+i]) * float64(v))
+							}
+							if epi != "store" {
+								want += bias[o] + y0[ri*ldy+o]
+								mag += math.Abs(float64(bias[o])) + math.Abs(float64(y0[ri*ldy+o]))
+							}
+							if d := math.Abs(float64(gv - want)); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+								t.Fatalf("%s %dx%d ldx %d R=%d %s: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)",
+									dt, rows, cols, ldx, R, epi, ri, o, gv, want, d, mag)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPUEmbedParity: the gather decodes rows exactly as quant.Decode (q4tp
+// within exp2f's ulps); ids outside the table give zeros.
+func TestGPUEmbedParity(t *testing.T) {
+	g := newGPU(t)
+	r := rng(2)
+	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		rows, cols := 50, 96
+		if dt != quant.Q4TP {
+			cols = 99
+		}
+		w := r.vec(rows*cols, 0.3)
+		wb, err := quant.Encode(dt, w, []int{rows, cols}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+		ids := []int32{0, 49, 7, -1, 50, 7, 23, 1, 2}
+		ldo := cols + 5
+		dout := g.zeros(len(ids) * ldo)
+		var a driver.Args
+		a.Ptr(g.upload(wb)).Int(rows).Int(cols).Ptr(g.i32(ids)).Ptr(dout).Int(ldo)
+		g.launch("embed_"+embedName[dt], driver.D1(len(ids)), driver.D1(256), 0, &a)
+		got := g.readF32(dout, len(ids)*ldo)
+		for k, id := range ids {
+			for i := range cols {
+				gv := got[k*ldo+i]
+				var want float32
+				if id >= 0 && int(id) < rows {
+					want = wd[int(id)*cols+i]
+				}
+				tol := 0.0
+				if dt == quant.Q4TP {
+					tol = 4e-7 * math.Abs(float64(want))
+				}
+				if math.Abs(float64(gv-want)) > tol {
+					t.Fatalf("%s: embed id %d col %d = %g, want %g", dt, id, i, gv, want)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,270 @@
+package kern
+
+import (
+	"bytes"
+	"os"
+	"slices"
+	"testing"
+	"testing/fstest"
+)
+
+// The build embedded must be the build of csrc as it is: a changed kernel
+// source without a rebuild (scripts/build-cuda) fails here.
+func TestManifestMatchesSources(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := SourcesHash(os.DirFS("csrc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Built() {
+		// No compiler was available for the last change: the manifest
+		// says so, and must then carry no artifacts or kernels.
+		if m.Cubin.File != "" || m.PTX.File != "" || len(m.Kernels) != 0 {
+			t.Fatalf("manifest says %q but lists artifacts or kernels", m.Status)
+		}
+		return
+	}
+	if m.SourcesSHA256 != got {
+		t.Fatalf("embedded build is of sources %s, csrc is %s: run scripts/build-cuda", m.SourcesSHA256, got)
+	}
+}
+
+// SourcesHash must equal the shell pipeline of scripts/build-cuda; the
+// expected value was computed with sha256sum over these two files.
+func TestSourcesHashMatchesShell(t *testing.T) {
+	fsys := fstest.MapFS{
+		"b.cu":  {Data: []byte("b\n")},
+		"a.cuh": {Data: []byte("a file\n")},
+	}
+	got, err := SourcesHash(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "d49d6f06a72fbd137eae2f7571be2fce7fe92d98f28f9b93413252fb8f01209a"
+	if got != want {
+		t.Fatalf("SourcesHash = %s, shell gives %s", got, want)
+	}
+	fsys["a.cuh"] = &fstest.MapFile{Data: []byte("a file!\n")}
+	if again, _ := SourcesHash(fsys); again == got {
+		t.Fatal("hash did not change with a source")
+	}
+}
+
+func TestEmbeddedArtifacts(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Built() {
+		t.Skip("manifest records no build: nothing embedded to check")
+	}
+	cubin, err := Cubin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
+		t.Fatalf("cubin does not start with an ELF header: % x", cubin[:8])
+	}
+	ptx, err := PTX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(ptx, []byte(".target sm_90")) {
+		t.Fatal("PTX does not target sm_90")
+	}
+	ks, err := ParsePTX(ptx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(ks, func(a, b Kernel) int { return cmpStr(a.Name, b.Name) })
+	man := slices.Clone(m.Kernels)
+	slices.SortFunc(man, func(a, b Kernel) int { return cmpStr(a.Name, b.Name) })
+	if len(ks) != len(man) {
+		t.Fatalf("PTX has %d entries, manifest %d", len(ks), len(man))
+	}
+	for i := range ks {
+		if ks[i].Name != man[i].Name || !slices.Equal(ks[i].Params, man[i].Params) {
+			t.Fatalf("PTX entry %v, manifest %v", ks[i], man[i])
+		}
+	}
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Every kernel the decode step needs is in the build, with the parameter
+// sizes the launchers in the tests pack.
+func TestManifestHasDecodeKernels(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Built() {
+		t.Skip("manifest records no build")
+	}
+	mv := []int{8, 4, 4, 8, 4, 8, 4, 8, 4}
+	want := map[string][]int{
+		"q82f_prescale":  {8, 8, 4, 8, 4, 8, 4},
+		"rmsnorm":        {8, 4, 8, 8, 4, 4, 4, 4},
+		"head_rmsnorm":   {8, 4, 8, 4, 4, 4},
+		"rope":           {8, 4, 4, 4, 8, 4, 8},
+		"kv_append":      {8, 4, 8, 4, 8, 8, 8, 8, 4, 4, 4},
+		"rope_qk_append": {8, 4, 4, 4, 4, 4, 8, 4, 8, 8, 8, 8, 4},
+		"attn_split":     {8, 4, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4},
+		"attn_merge":     {8, 8, 4, 4, 4, 4},
+		"silu_mul":       {8, 8, 4, 8, 4, 4},
+		"add":            {8, 4, 8, 4, 4},
+		"argmax":         {8, 4, 4, 8},
+		"sample":         {8, 4, 4, 8, 8},
+	}
+	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
+		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}
+		if f == "q82f" {
+			continue
+		}
+		want["gemm_"+f] = []int{8, 4, 4, 8, 4, 8, 4, 4, 8, 4}
+		for r := 1; r <= 8; r++ {
+			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
+		}
+	}
+	for name, ps := range want {
+		k, ok := m.Kernel(name)
+		if !ok {
+			t.Errorf("kernel %s missing", name)
+			continue
+		}
+		if !slices.Equal(k.Params, ps) {
+			t.Errorf("kernel %s params %v, want %v", name, k.Params, ps)
+		}
+	}
+	if len(m.Kernels) != len(want) {
+		t.Errorf("manifest lists %d kernels, want %d", len(m.Kernels), len(want))
+	}
+}
+
+func TestParsePTX(t *testing.T) {
+	src := `
+.version 7.8
+.target sm_90
+.address_size 64
+
+.visible .entry k1(
+	.param .u64 k1_param_0,
+	.param .u32 k1_param_1,
+	.param .f32 k1_param_2,
+	.param .align 8 .b8 k1_param_3[32]
+)
+{
+	ret;
+}
+.visible .entry k2()
+{
+	ret;
+}
+.visible .entry k3(
+	.param .u16 k3_param_0
+)
+`
+	ks, err := ParsePTX([]byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Kernel{{"k1", []int{8, 4, 4, 32}}, {"k2", []int{}}, {"k3", []int{2}}}
+	if len(ks) != len(want) {
+		t.Fatalf("got %v", ks)
+	}
+	for i := range want {
+		if ks[i].Name != want[i].Name || !slices.Equal(ks[i].Params, want[i].Params) {
+			t.Fatalf("entry %d: got %v, want %v", i, ks[i], want[i])
+		}
+	}
+	for _, bad := range []string{
+		".visible .entry k(\n.param .u64 a,\n",   // unclosed
+		".visible .entry k(\n.param a\n)\n",      // no type
+		".visible .entry k(\n.param .b8 a[x]\n)", // bad count
+		".visible .entry (\n)\n",                 // no name
+	} {
+		if _, err := ParsePTX([]byte(bad)); err == nil {
+			t.Errorf("ParsePTX(%q) accepted", bad)
+		}
+	}
+}
+
+func FuzzParsePTX(f *testing.F) {
+	f.Add([]byte(".visible .entry k(\n.param .u64 a,\n.param .align 4 .b8 s[12]\n)\n"))
+	f.Add([]byte(".entry x()"))
+	f.Add([]byte(".visible .entry k(\n.param .b8 a[99999999999]\n)"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ks, err := ParsePTX(b)
+		if err != nil {
+			return
+		}
+		for _, k := range ks {
+			if k.Name == "" {
+				t.Fatal("entry without a name accepted")
+			}
+			for _, p := range k.Params {
+				if p <= 0 {
+					t.Fatalf("parameter size %d", p)
+				}
+			}
+		}
+	})
+}
+
+func TestParseManifest(t *testing.T) {
+	if _, err := ParseManifest([]byte(`{"status":"maybe"}`)); err == nil {
+		t.Error("unknown status accepted")
+	}
+	if _, err := ParseManifest([]byte(`{`)); err == nil {
+		t.Error("bad JSON accepted")
+	}
+	m, err := ParseManifest([]byte(`{"status":"no build"}`))
+	if err != nil || m.Built() {
+		t.Fatalf("no-build manifest: %v %v", m, err)
+	}
+}
+
+// BuildDirEnv swaps in a build folder; a folder whose artifact does not
+// match its manifest's hash is refused.
+func TestBuildDirOverride(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil || !m.Built() {
+		t.Skip("no embedded build to copy")
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"manifest.json", m.Cubin.File, m.PTX.File} {
+		b, err := buildFS.ReadFile("build/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == m.PTX.File {
+			b = bytes.Clone(b)
+			b[len(b)/2] ^= 0xff // corrupt the PTX only
+		}
+		if err := os.WriteFile(dir+"/"+f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(BuildDirEnv, dir)
+	if _, err := Cubin(); err != nil {
+		t.Fatalf("cubin from the folder: %v", err)
+	}
+	if _, err := PTX(); err == nil {
+		t.Fatal("a corrupted PTX was accepted")
+	}
+	t.Setenv(BuildDirEnv, t.TempDir())
+	if _, err := ReadManifest(); err == nil {
+		t.Fatal("an empty build folder was accepted")
+	}
+}
