@@ -426,5 +426,8 @@ func (s *scheduler) shutdown() {
 		}
 	}
 	s.gauges()
+	for _, sl := range s.slots {
+		sl.s.Close()
+	}
 	s.m.waiting.Set(0)
 }
