@@ -17,6 +17,7 @@ type outParser struct {
 	buf          string
 	calls        int
 	sawContent   bool
+	trim         bool // drop whitespace before the content that follows </think> or </tool_call>
 }
 
 const (
@@ -74,10 +75,7 @@ func (p *outParser) push(s string) delta {
 		case 1:
 			if i := strings.Index(p.buf, thinkClose); i >= 0 {
 				d.reasoning += p.buf[:i]
-				p.buf, p.state = strings.TrimLeft(p.buf[i+len(thinkClose):], " \t\r\n"), 2
-				if p.buf == "" {
-					return d
-				}
+				p.buf, p.state, p.trim = p.buf[i+len(thinkClose):], 2, true
 				continue
 			}
 			k := partialSuffix(p.buf, thinkClose)
@@ -85,6 +83,13 @@ func (p *outParser) push(s string) delta {
 			p.buf = p.buf[len(p.buf)-k:]
 			return d
 		case 2:
+			if p.trim {
+				p.buf = strings.TrimLeft(p.buf, " \t\r\n")
+				if p.buf == "" {
+					return d
+				}
+				p.trim = false
+			}
 			if !p.tools {
 				d.content += p.buf
 				p.buf = ""
@@ -109,7 +114,7 @@ func (p *outParser) push(s string) delta {
 				return d
 			}
 			body := p.buf[:i]
-			p.buf, p.state = strings.TrimLeft(p.buf[i+len(callClose):], " \t\r\n"), 2
+			p.buf, p.state, p.trim = p.buf[i+len(callClose):], 2, true
 			if c, ok := p.parseCall(body); ok {
 				d.calls = append(d.calls, c)
 			} else {

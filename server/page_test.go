@@ -31,7 +31,7 @@ func TestChatPageServed(t *testing.T) {
 }
 
 // TestChatPageInBrowser loads the page in headless Chromium, has it send a
-// message (/#send=...), and checks the streamed reply and its speed line
+// message (/#max_tokens=12&send=...), and checks the streamed reply and its speed line
 // in the DOM.
 func TestChatPageInBrowser(t *testing.T) {
 	var bin string
@@ -48,7 +48,7 @@ func TestChatPageInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=30000", "--dump-dom", ts.URL+"/#send=Hello%20there")
+		"--user-data-dir="+t.TempDir(), "--virtual-time-budget=30000", "--dump-dom", ts.URL+"/#max_tokens=12&temperature=0&send=Hello%20there")
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("chromium: %v", err)
@@ -57,7 +57,7 @@ func TestChatPageInBrowser(t *testing.T) {
 	if !strings.Contains(dom, `<div class="msg user"><div class="reasoning"></div><div class="content">Hello there</div>`) {
 		t.Fatalf("no user message in the DOM:\n%s", dom)
 	}
-	m := regexp.MustCompile(`<div class="msg assistant" data-done="1">.*?<div class="stats">(\d+) tokens · ([0-9.]+) tok/s`).FindStringSubmatch(dom)
+	m := regexp.MustCompile(`(?s)<div class="msg assistant" data-done="1">.*?<div class="stats">(\d+) tokens · ([0-9.]+) tok/s`).FindStringSubmatch(dom)
 	if m == nil || m[1] == "0" {
 		t.Fatalf("no finished reply with its speed in the DOM:\n%s", dom)
 	}
