@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cortiq/cortiq/engine"
+	"github.com/cortiq/cortiq/tokenizer"
 )
 
 // constraint limits the tokens that may come next.
@@ -29,18 +30,23 @@ type vocab struct {
 }
 
 func buildVocab(e *engine.Engine) *vocab {
-	n := e.File.Header.Arch.VocabSize
-	v := &vocab{size: n, tok: make([][]byte, n), eos: e.EOS}
-	if e.Tok == nil {
+	return vocabOf(e.Tok, e.File.Header.Arch.VocabSize, e.EOS)
+}
+
+// vocabOf collects the bytes of the first n ids of tok (special tokens and
+// empty ones are never allowed by a grammar; eos is allowed when complete).
+func vocabOf(tok *tokenizer.Tokenizer, n int, eos []int32) *vocab {
+	v := &vocab{size: n, tok: make([][]byte, n), eos: eos}
+	if tok == nil {
 		return v
 	}
-	for id := 0; id < n && id < e.Tok.VocabSize(); id++ {
-		if e.Tok.IsSpecial(id) {
+	for id := 0; id < n && id < tok.VocabSize(); id++ {
+		if tok.IsSpecial(id) {
 			continue
 		}
-		b, ok := e.Tok.TokenBytes(id)
+		b, ok := tok.TokenBytes(id)
 		if !ok {
-			b = []byte(e.Tok.Decode([]int{id}))
+			b = []byte(tok.Decode([]int{id}))
 		}
 		if len(b) == 0 {
 			continue
