@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/tokenizer"
@@ -27,6 +28,14 @@ type vocab struct {
 	bytes [][]byte // bytes[ids[k]] in the same order
 	tok   [][]byte // bytes of each id (nil: never allowed)
 	eos   []int32
+
+	// The tokens that are plain text inside a JSON string (whole UTF-8
+	// characters, no quote, backslash or control byte), and the rest,
+	// sorted like ids: inside an unbounded string every plain token is
+	// allowed without a walk, and only the rest are walked.
+	plain     []int32
+	restIDs   []int32
+	restBytes [][]byte
 }
 
 func buildVocab(e *engine.Engine) *vocab {
@@ -58,13 +67,36 @@ func vocabOf(tok *tokenizer.Tokenizer, n int, eos []int32) *vocab {
 	return v
 }
 
-// sortVocab orders v.ids by their bytes and fills v.bytes.
+// sortVocab orders v.ids by their bytes and fills v.bytes and the plain
+// string split.
 func sortVocab(v *vocab) {
 	slices.SortFunc(v.ids, func(a, b int32) int { return bytes.Compare(v.tok[a], v.tok[b]) })
 	v.bytes = make([][]byte, len(v.ids))
+	v.plain, v.restIDs, v.restBytes = nil, nil, nil
 	for k, id := range v.ids {
 		v.bytes[k] = v.tok[id]
+		if plainStringText(v.tok[id]) {
+			v.plain = append(v.plain, id)
+		} else {
+			v.restIDs = append(v.restIDs, id)
+			v.restBytes = append(v.restBytes, v.tok[id])
+		}
 	}
+}
+
+// plainStringText reports whether b can appear inside a JSON string as it
+// is and leaves the string open: whole UTF-8 characters, none of them a
+// quote, a backslash or a control character.
+func plainStringText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, c := range b {
+		if c == '"' || c == '\\' || c < 0x20 {
+			return false
+		}
+	}
+	return true
 }
 
 // lazyVocab builds the vocab on first use.
@@ -93,7 +125,28 @@ func newGrammarConstraint(v *vocab, root *gnode) *grammarConstraint {
 
 func (c *grammarConstraint) mask(logits []float32) {
 	clear(c.allowed)
-	c.walk(c.st, 0, len(c.v.ids), 0)
+	if f := c.st.top; !c.st.done && f.n.kind == kString && f.st == 1 && f.n.maxLen == 0 {
+		// Inside an unbounded string: plain tokens keep it open and are
+		// all allowed; walk only the others.
+		for _, id := range c.v.plain {
+			c.allowed[id] = true
+		}
+		c.walk(c.v.restIDs, c.v.restBytes, c.st, 0, len(c.v.restIDs), 0)
+	} else {
+		c.walk(c.v.ids, c.v.bytes, c.st, 0, len(c.v.ids), 0)
+	}
+	c.finish(logits)
+}
+
+// maskPlain is mask without the string fast path: the reference it is
+// tested against.
+func (c *grammarConstraint) maskPlain(logits []float32) {
+	clear(c.allowed)
+	c.walk(c.v.ids, c.v.bytes, c.st, 0, len(c.v.ids), 0)
+	c.finish(logits)
+}
+
+func (c *grammarConstraint) finish(logits []float32) {
 	if c.st.accepting() {
 		for _, id := range c.v.eos {
 			if int(id) < len(c.allowed) {
@@ -109,12 +162,12 @@ func (c *grammarConstraint) mask(logits []float32) {
 	}
 }
 
-// walk marks the tokens of ids[lo:hi], which share their first depth bytes
-// (already fed into st), that the grammar accepts in full.
-func (c *grammarConstraint) walk(st gstate, lo, hi, depth int) {
-	bs := c.v.bytes
+// walk marks the tokens of ids[lo:hi] (bytes bs, sorted), which share
+// their first depth bytes (already fed into st), that the grammar accepts in
+// full.
+func (c *grammarConstraint) walk(ids []int32, bs [][]byte, st gstate, lo, hi, depth int) {
 	for lo < hi && len(bs[lo]) == depth {
-		c.allowed[c.v.ids[lo]] = true
+		c.allowed[ids[lo]] = true
 		lo++
 	}
 	for lo < hi {
@@ -125,7 +178,7 @@ func (c *grammarConstraint) walk(st gstate, lo, hi, depth int) {
 		}
 		next := st
 		if next.feed(b) {
-			c.walk(next, lo, end, depth+1)
+			c.walk(ids, bs, next, lo, end, depth+1)
 		}
 		lo = end
 	}

@@ -11,7 +11,7 @@ import (
 
 // qwen3Vocab is the real 151k-token Qwen3 vocabulary from the tokenizer's
 // test data.
-func qwen3Vocab(b *testing.B) *vocab {
+func qwen3Vocab(b testing.TB) *vocab {
 	f, err := os.Open("../tokenizer/testdata/qwen3/tokenizer.json.gz")
 	if err != nil {
 		b.Fatal(err)

@@ -2,6 +2,8 @@ package server
 
 import (
 	"encoding/json"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -266,5 +268,60 @@ func TestOutParserThink(t *testing.T) {
 	d = p.push("a<tool_call>not json</tool_call>")
 	if d.content != "a<tool_call>not json</tool_call>" || len(d.calls) != 0 {
 		t.Fatalf("%+v", d)
+	}
+}
+
+// TestMaskFastPath: the mask with the in-string shortcut equals the plain
+// walk at every step of random constrained generations over the real Qwen3
+// vocabulary (json_object and a schema with bounded and free strings).
+func TestMaskFastPath(t *testing.T) {
+	v := qwen3Vocab(t)
+	schema, err := compileSchema(json.RawMessage(`{"type":"object","properties":{"a":{"type":"string","maxLength":3},"b":{"type":"array","items":{"type":"string"}},"c":{}}}`), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast, plain := make([]float32, v.size), make([]float32, v.size)
+	rng := rand.New(rand.NewPCG(1, 2))
+	inString := 0
+	for run, root := range []*gnode{anyObjectNode, schema, anyObjectNode} {
+		c := newGrammarConstraint(v, root)
+		for step := 0; step < 12; step++ {
+			if f := c.st.top; !c.st.done && f.n.kind == kString && f.st == 1 && f.n.maxLen == 0 {
+				inString++
+			}
+			clear(fast)
+			clear(plain)
+			c.mask(fast)
+			c.maskPlain(plain)
+			var allowed []int
+			for id := range fast {
+				if (fast[id] == 0) != (plain[id] == 0) {
+					t.Fatalf("run %d step %d: token %d (%q): fast %v plain %v", run, step, id, v.tok[id], fast[id], plain[id])
+				}
+				if fast[id] == 0 {
+					allowed = append(allowed, id)
+				}
+			}
+			if len(allowed) == 0 {
+				t.Fatalf("run %d step %d: nothing allowed", run, step)
+			}
+			// Prefer short tokens now and then so strings open and close.
+			id := allowed[rng.IntN(len(allowed))]
+			if rng.IntN(2) == 0 {
+				for _, x := range allowed {
+					if len(v.tok[x]) == 1 && rng.IntN(4) == 0 {
+						id = x
+						break
+					}
+				}
+			}
+			if slices.Contains(v.eos, int32(id)) {
+				break
+			}
+			c.accept(id)
+		}
+	}
+	if inString == 0 {
+		t.Fatal("the walk never reached the fast path")
 	}
 }
