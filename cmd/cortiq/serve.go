@@ -43,7 +43,8 @@ func newServe() *cobra.Command {
 --parallel sequences are decoded together, each with a --ctx-token KV cache (memory fixed at start);
 up to --queue more requests wait, and the next gets 503. Every flag can be set as CORTIQ_<FLAG>,
 e.g. CORTIQ_ADDR=0.0.0.0:8080 CORTIQ_API_KEY=secret. SIGTERM or Ctrl-C stops accepting requests,
-lets those in flight finish for --grace, then cancels them and exits 0.`,
+lets those in flight finish for --grace, then cancels them and exits 0. --device auto uses the GPU when one can be used, else the CPU
+(saying why); cuda fails instead of falling back.`,
 		Args: cobra.MaximumNArgs(1),
 		PreRunE: func(cmd *cobra.Command, args []string) error {
 			return flagsFromEnv(cmd.Flags())
@@ -63,7 +64,7 @@ lets those in flight finish for --grace, then cancels them and exits 0.`,
 	fl.StringVar(&f.addr, "addr", "127.0.0.1:8080", "listen address")
 	fl.IntVar(&f.parallel, "parallel", 4, "sequences decoded together (slots)")
 	fl.IntVar(&f.ctx, "ctx", 4096, "context tokens per slot (capped at the model's trained context)")
-	fl.StringVar(&f.device, "device", "auto", "auto or cpu (cuda: not available until the GPU backend exists)")
+	addDeviceFlag(c, &f.device)
 	fl.StringVar(&f.apiKey, "api-key", "", "require Authorization: Bearer KEY on /v1")
 	fl.StringVar(&f.name, "name", "", "model id reported and accepted in \"model\" (default: the file name)")
 	fl.IntVarP(&f.threads, "threads", "t", 0, "CPU threads (0: all cores)")
@@ -98,12 +99,8 @@ func flagsFromEnv(fs *pflag.FlagSet) error {
 }
 
 func runServe(cmd *cobra.Command, path string, f serveFlags) error {
-	switch f.device {
-	case "auto", "cpu":
-	case "cuda":
-		return errors.New("serve: --device cuda: the GPU backend is not available in this build yet; use --device cpu (or auto, which runs on the CPU)")
-	default:
-		return fmt.Errorf("serve: --device %q: want auto, cpu or cuda", f.device)
+	if _, err := parseDevice(f.device); err != nil {
+		return fmt.Errorf("serve: %w", err)
 	}
 	if f.parallel < 1 || f.ctx < 1 || f.threads < 0 || f.queue < 0 || f.chunk < 1 {
 		return errors.New("serve: --parallel, --ctx and --prefill-chunk must be ≥ 1, --threads and --queue ≥ 0")
@@ -124,10 +121,15 @@ func runServe(cmd *cobra.Command, path string, f serveFlags) error {
 	ctx := cmd.Context()
 	done := make(chan error, 1)
 	go func() { done <- server.Serve(ctx, ln, srv, f.grace) }()
-	slog.Info("listening; loading the model", "addr", "http://"+ln.Addr().String(), "model", path, "device", "cpu")
+	slog.Info("listening; loading the model", "addr", "http://"+ln.Addr().String(), "model", path, "device", f.device)
 
 	t0 := time.Now()
-	e, err := engine.Open(path, engine.Options{Threads: f.threads})
+	// A step holds a token per slot plus one prompt chunk.
+	dev, err := openDevice(f.device, f.threads, deviceSize{seqs: f.parallel, ctx: f.ctx, rows: f.parallel + f.chunk})
+	var e *engine.Engine
+	if err == nil {
+		e, err = engine.Open(path, engine.Options{Threads: f.threads, Device: dev, OwnDevice: true})
+	}
 	if err == nil {
 		ctxLen := f.ctx
 		if mp := e.File.Header.Arch.MaxPositionEmbeddings; mp > 0 && ctxLen > mp {
