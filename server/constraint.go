@@ -206,3 +206,29 @@ func validPrefix(root *gnode, text []byte) (ok, complete bool) {
 	}
 	return true, st.accepting()
 }
+
+// forcedTokens makes the model emit exactly ids, then EOS: a test seam that
+// drives the whole serving path (decoding, stop handling, the output
+// parser, streaming) with known text from a random-weight model.
+type forcedTokens struct {
+	ids []int
+	i   int
+	eos []int32
+}
+
+func (f *forcedTokens) mask(logits []float32) {
+	ninf := float32(math.Inf(-1))
+	for id := range logits {
+		keep := false
+		if f.i < len(f.ids) {
+			keep = id == f.ids[f.i]
+		} else {
+			keep = slices.Contains(f.eos, int32(id))
+		}
+		if !keep {
+			logits[id] = ninf
+		}
+	}
+}
+
+func (f *forcedTokens) accept(int) { f.i++ }

@@ -353,6 +353,10 @@ func finishReason(reason string, calls int) string {
 
 // run queues the plan's n jobs and answers, streamed or whole.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan) {
+	if s.cfg.forceText != "" && p.cons == nil && b.e.Tok != nil {
+		ids := b.e.Tok.Encode(s.cfg.forceText, false, true)
+		p.cons = func() constraint { return &forcedTokens{ids: ids, eos: b.e.EOS} }
+	}
 	ctx, cancel := s.jobContext(r)
 	defer cancel()
 	jobs := make([]*job, p.n)

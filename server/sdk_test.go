@@ -345,3 +345,48 @@ func TestSDKToolCalls(t *testing.T) {
 	}
 	_ = finished // JustFinishedToolCall fires only when a later chunk follows the call
 }
+
+// TestSDKReasoningAndToolCalls: a reply that thinks, talks and calls a
+// tool (the model is made to write it; tool_choice auto) comes back as
+// reasoning_content, content and a parsed tool call, whole and streamed.
+func TestSDKReasoningAndToolCalls(t *testing.T) {
+	reply := "<think>\nI should call it.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+	_, ts := startServer(t, Config{Parallel: 1, forceText: reply})
+	c := client(ts)
+	p := userChat("Weather?", 1)
+	p.MaxTokens = openai.ChatCompletionNewParams{}.MaxTokens
+	p.Tools = []openai.ChatCompletionToolUnionParam{weatherTool}
+	r, err := c.Chat.Completions.New(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := r.Choices[0].Message
+	reasoning := ""
+	json.Unmarshal([]byte(m.JSON.ExtraFields["reasoning_content"].Raw()), &reasoning)
+	if reasoning != "\nI should call it.\n" || m.Content != "Let me check.\n" || r.Choices[0].FinishReason != "tool_calls" {
+		t.Fatalf("reasoning %q content %q finish %s", reasoning, m.Content, r.Choices[0].FinishReason)
+	}
+	if len(m.ToolCalls) != 1 || m.ToolCalls[0].Function.Name != "weather" || m.ToolCalls[0].Function.Arguments != `{"city": "Paris"}` {
+		t.Fatalf("calls %+v", m.ToolCalls)
+	}
+	st := c.Chat.Completions.NewStreaming(context.Background(), p)
+	var acc openai.ChatCompletionAccumulator
+	streamedReasoning := ""
+	for st.Next() {
+		ch := st.Current()
+		acc.AddChunk(ch)
+		for _, x := range ch.Choices {
+			var part string
+			json.Unmarshal([]byte(x.Delta.JSON.ExtraFields["reasoning_content"].Raw()), &part)
+			streamedReasoning += part
+		}
+	}
+	if st.Err() != nil {
+		t.Fatal(st.Err())
+	}
+	sm := acc.Choices[0].Message
+	if streamedReasoning != reasoning || sm.Content != m.Content || len(sm.ToolCalls) != 1 ||
+		sm.ToolCalls[0].Function.Arguments != m.ToolCalls[0].Function.Arguments || acc.Choices[0].FinishReason != "tool_calls" {
+		t.Fatalf("streamed reasoning %q content %q calls %+v finish %s", streamedReasoning, sm.Content, sm.ToolCalls, acc.Choices[0].FinishReason)
+	}
+}

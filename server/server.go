@@ -35,6 +35,7 @@ type Config struct {
 	Logger       *slog.Logger
 
 	stepDelay time.Duration // tests: a pause after every step, to make streams long
+	forceText string        // tests: every reply is exactly this text (see forcedTokens)
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
