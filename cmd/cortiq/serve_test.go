@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -114,5 +117,74 @@ func TestServeDeviceAndModel(t *testing.T) {
 	t.Setenv("CORTIQ_PARALLEL", "many")
 	if _, err := cli(t, "serve", p); err == nil || !strings.Contains(err.Error(), "CORTIQ_PARALLEL") {
 		t.Fatalf("bad env value: %v", err)
+	}
+}
+
+// TestServeSIGTERMChild is the child process of TestServeSIGTERM: it runs
+// cortiq's main with the arguments in CORTIQ_SERVE_CHILD.
+func TestServeSIGTERMChild(t *testing.T) {
+	args := os.Getenv("CORTIQ_SERVE_CHILD")
+	if args == "" {
+		t.Skip("child process of TestServeSIGTERM")
+	}
+	os.Args = append([]string{"cortiq"}, strings.Split(args, "\x1f")...)
+	main() // exits non-zero on error; returns on a clean shutdown
+}
+
+// TestServeSIGTERM sends a real SIGTERM to a serving process with a stream
+// in flight: the stream runs to its end within the grace period, new
+// connections are refused, and the process exits 0.
+func TestServeSIGTERM(t *testing.T) {
+	p := convertFixture(t, "qwen3_f32", "f32")
+	addr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeSIGTERMChild$")
+	cmd.Env = append(os.Environ(), "CORTIQ_SERVE_CHILD="+strings.Join([]string{"serve", p, "--addr", addr, "--parallel", "1", "--ctx", "512", "--grace", "20s"}, "\x1f"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	url := "http://" + addr
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never healthy:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	resp, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"Hello","max_tokens":400,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 64)
+	if _, err := io.ReadAtLeast(resp.Body, first, 16); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(rest), `"finish_reason":"length"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream did not finish: %q", string(rest)[max(0, len(rest)-300):])
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v\n%s", err, stderr.String())
+	}
+	// The stream was in flight when shutdown began: its request line is
+	// logged after the shutdown notice.
+	log := stderr.String()
+	down, req := strings.Index(log, "shutting down"), strings.Index(log, "path=/v1/completions")
+	if down < 0 || req < down || !strings.Contains(log, "msg=\"shut down\"") {
+		t.Fatalf("shutdown notice at %d, request line at %d:\n%s", down, req, log)
 	}
 }
