@@ -363,7 +363,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 	for i := range jobs {
 		params := p.params
 		params.Seed += uint64(i)
-		j := &job{ctx: ctx, prompt: p.prompt, max: p.max, params: params, stops: p.stops, ignoreEOS: p.ignoreEOS}
+		j := &job{ctx: ctx, prompt: p.prompt, max: p.max, params: params, stops: p.stops, ignoreEOS: p.ignoreEOS, log: reqLog(r).With("choice", i)}
 		if p.cons != nil {
 			j.cons = p.cons()
 		}
@@ -475,6 +475,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 		s.emit(sse, p, id, created, t.i, c, d, ev.token, false)
 	}
 	use.TotalTokens = use.PromptTokens + use.CompletionTokens
+	reqLog(r).Info("generated", "choices", p.n, "prompt_tokens", use.PromptTokens, "cached_tokens", use.PromptTokensDetails.CachedTokens,
+		"completion_tokens", use.CompletionTokens, "finish", choices[0].reason, "stream", p.stream, "constrained", p.cons != nil)
 	if p.stream {
 		if p.includeUsage {
 			if p.chat {

@@ -30,6 +30,7 @@ type job struct {
 	cons      constraint // nil: unconstrained
 	events    chan event // buffered for max+2 events: the scheduler never blocks
 	enqueued  time.Time
+	log       *slog.Logger // carries the request id
 
 	sm      *sample.Sampler
 	stop    *sample.StopChecker
@@ -38,6 +39,13 @@ type job struct {
 	cached  int
 	lastTok time.Time
 	first   bool
+}
+
+func (j *job) logger() *slog.Logger {
+	if j.log != nil {
+		return j.log
+	}
+	return slog.Default()
 }
 
 // event is one step of a job's output: a sampled token with the text that
@@ -176,6 +184,7 @@ func (s *scheduler) run() {
 		if err != nil {
 			slog.Error("batched step failed", "err", err, "sequences", len(rows))
 			for _, sl := range rows {
+				sl.j.logger().Error("the request's step failed", "err", err)
 				sl.s.Reset()
 				s.finish(sl, "error", err)
 			}
@@ -274,7 +283,7 @@ func (s *scheduler) start(sl *slot, j *job, keep int) error {
 		s.m.prefixHits.Inc()
 		s.m.prefixHitTokens.Add(float64(keep))
 	}
-	slog.Debug("job admitted", "prompt", len(j.prompt), "cached", keep, "queued", time.Since(j.enqueued))
+	j.logger().Debug("admitted", "prompt", len(j.prompt), "cached", keep, "queued", time.Since(j.enqueued).Round(time.Microsecond))
 	return nil
 }
 
@@ -373,9 +382,7 @@ func (s *scheduler) finish(sl *slot, reason string, err error) {
 	j := sl.j
 	j.events <- event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen}
 	sl.j, sl.pending = nil, nil
-	if reason == "cancelled" {
-		slog.Debug("job cancelled; slot freed", "generated", j.gen)
-	}
+	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)
 }
 
 // account records the step's throughput.
