@@ -70,11 +70,43 @@ type Rope interface {
 
 // Seq is one sequence's state on a device.
 type Seq interface {
-	Len() int             // positions it holds
-	Cap() int             // positions it can hold (the context length)
-	Truncate(n int) error // keep the first n positions
-	Bytes() int64         // memory of its state
+	Len() int // positions it holds
+	Cap() int // positions it can hold (the context length)
+	// Truncate keeps the first n positions. A sequence with
+	// linear-attention state can only be emptied (n = 0) or kept as is
+	// (n = Len()); other lengths are ErrNotRewindable.
+	Truncate(n int) error
+	Bytes() int64 // memory of its state
 }
+
+// StateSaver is a Seq whose linear-attention state can be copied out and
+// back: hybrid models resume from snapshots of it at token boundaries
+// instead of re-prefilling a shared prefix.
+type StateSaver interface {
+	// SaveState copies the linear-attention state of every DeltaNet layer
+	// at the current length into dst (reused when large enough) and
+	// returns it; its length is SeqSpec.StateBytes()/4.
+	SaveState(dst []float32) []float32
+	// RestoreState sets the linear-attention state to one SaveState
+	// returned at length n and the length to n. The K/V rows of positions
+	// [0, n) are kept as they are: they must still hold the tokens the
+	// state was saved after (the caller's bookkeeping).
+	RestoreState(state []float32, n int) error
+	// CopyPrefix copies the K/V rows of positions [0, n) of every
+	// attention layer from src, a sequence of the same spec on the same
+	// device, so that a state saved from src at length n can be restored
+	// here. src's rows [0, n) must not change during the call.
+	CopyPrefix(src Seq, n int) error
+}
+
+// ErrUnsupported says that a device does not implement an operation or a
+// variant of one yet (the wrapped error names it).
+var ErrUnsupported = errors.New("backend: not supported by this device yet")
+
+// ErrNotRewindable says that a sequence's linear-attention state (which
+// summarises the whole prefix in a fixed size) cannot be rolled back to
+// an earlier position.
+var ErrNotRewindable = errors.New("backend: a linear-attention state cannot be rolled back")
 
 // SeqSpec describes the state one sequence needs.
 type SeqSpec struct {
@@ -83,12 +115,42 @@ type SeqSpec struct {
 	Layers    int // layers in all
 	KVHeads   int
 	HeadDim   int
+	// DeltaNet lists the layers with a Gated DeltaNet state (conv inputs
+	// and recurrent matrices), all of the shape DeltaNetShape.
+	DeltaNet      []int
+	DeltaNetShape DeltaNetShape
 }
 
 // KVBytes is the K/V memory of one sequence of ctx positions (f32 keys
 // and values of every attention layer).
 func (s SeqSpec) KVBytes(ctx int) int64 {
 	return 2 * int64(len(s.Attention)) * int64(s.KVHeads) * int64(ctx) * int64(s.HeadDim) * 4
+}
+
+// StateBytes is the fixed-size linear-attention state of one sequence
+// (f32), independent of its length.
+func (s SeqSpec) StateBytes() int64 {
+	return int64(len(s.DeltaNet)) * s.DeltaNetShape.StateBytes()
+}
+
+// DeltaNetShape is the geometry of a Gated DeltaNet layer.
+type DeltaNetShape struct {
+	KeyHeads, ValueHeads int // value heads are a multiple of key heads (GVA)
+	KeyDim, ValueDim     int
+	ConvKernel           int // causal conv kernel size K
+}
+
+// Dims returns key_dim (nk·dk), value_dim (nv·dv) and conv_dim (2·kd+vd).
+func (d DeltaNetShape) Dims() (kd, vd, cd int) {
+	kd, vd = d.KeyHeads*d.KeyDim, d.ValueHeads*d.ValueDim
+	return kd, vd, 2*kd + vd
+}
+
+// StateBytes is one layer's state: K-1 conv input rows of conv_dim and a
+// KeyDim×ValueDim matrix per value head, f32.
+func (d DeltaNetShape) StateBytes() int64 {
+	_, _, cd := d.Dims()
+	return 4 * (int64(d.ConvKernel-1)*int64(cd) + int64(d.ValueHeads)*int64(d.KeyDim)*int64(d.ValueDim))
 }
 
 // Logits selects the logits a Batch returns.
@@ -135,6 +197,15 @@ type Ops interface {
 	// MLP adds the SwiGLU block to x: x += down(silu(gate(n)) ⊙ up(n)),
 	// n = norm(x).
 	MLP(w *MLP)
+	// MoE adds the sparse mixture-of-experts block to x: over n = norm(x),
+	// Σ_top-k w_e·expert_e(n) (+ σ(shared_gate·n)·shared(n)). Only the
+	// selected experts' weights are read; a step's rows are grouped by
+	// expert so that each is read once per step.
+	MoE(w *MoE)
+	// DeltaNet adds the Gated DeltaNet block of layer to x:
+	// x += out_proj(gated_norm(delta_rule(conv(in_proj(norm(x)))))),
+	// advancing each sequence's conv and recurrent state of that layer.
+	DeltaNet(w *DeltaNet, layer int)
 	// Head computes head(norm(x)) for the rows the batch asks for.
 	Head(w *Head)
 }
@@ -159,6 +230,10 @@ type Attention struct {
 	Heads      int
 	KVHeads    int
 	HeadDim    int
+	// Gated: Q is (2·Heads·HeadDim, H) with the rows of head j laid out
+	// [q_j ; gate_j], and the attention output is multiplied by
+	// σ(gate) before O (Qwen3-Next, Qwen3.5).
+	Gated bool
 }
 
 // MLP is a SwiGLU feed-forward block's weights.
@@ -166,6 +241,40 @@ type MLP struct {
 	Norm              Norm
 	Gate, Up, Down    Mat // Gate, Up: (I, H); Down: (H, I)
 	BGate, BUp, BDown Vec // biases, nil when absent
+}
+
+// Expert is one SwiGLU expert: down(silu(gate(x)) ⊙ up(x)).
+type Expert struct {
+	Gate, Up, Down Mat // Gate, Up: (I, H); Down: (H, I)
+}
+
+// MoE is a sparse mixture-of-experts block's weights: a router softmax
+// over all experts in f32, the TopK largest (ties to the lower index),
+// renormalised when Renorm (norm_topk_prob), and an optional shared expert
+// scaled per row by σ(SharedGate·x).
+type MoE struct {
+	Norm       Norm
+	Router     Mat // (experts, H)
+	Experts    []Expert
+	TopK       int
+	Renorm     bool
+	Shared     *Expert // nil when absent
+	SharedGate Mat     // (1, H), with Shared
+}
+
+// DeltaNet is a Gated DeltaNet block's weights (architectures.md §6.4).
+// Exactly one projection layout is set: Qwen3-Next's QKVZ and BA, whose
+// output rows are grouped by key head ([q_g, k_g, v_g, z_g] and [b_g, a_g]
+// per key head g), or Qwen3.5's split QKV (q_all | k_all | v_all), Z, B, A.
+type DeltaNet struct {
+	Norm         Norm
+	Shape        DeltaNetShape
+	QKVZ, BA     Mat  // (2·kd+2·vd, H), (2·nv, H)
+	QKV, Z, B, A Mat  // (2·kd+vd, H), (vd, H), (nv, H), (nv, H)
+	Conv         Vec  // (conv_dim·K): conv1d.weight [conv_dim, 1, K] row-major
+	ALog, DtBias Vec  // (nv)
+	GateNorm     Norm // per value head (dv), standard weights: norm(o)·w·silu(z)
+	Out          Mat  // (H, vd)
 }
 
 // Head is the final norm and the output projection (the embedding table

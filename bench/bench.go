@@ -11,6 +11,7 @@ import (
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/units"
 )
 
 // Config selects the tests of a run.
@@ -24,6 +25,8 @@ type Config struct {
 	// machine's bandwidth drifts by up to 2x within minutes: the best
 	// probe of the window is the limit the decode is compared with.
 	Probe func() float64
+	// Now is the clock (nil: time.Now); tests give a fake one.
+	Now func() time.Time
 }
 
 // Result is one test of one model.
@@ -98,6 +101,10 @@ func meanSD(v []float64) (float64, float64) {
 // (0: not measured).
 func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw float64) ([]Result, error) {
 	reps := max(cfg.Reps, 1)
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
 	base := Result{Model: path, Arch: e.File.Header.Arch.ArchName, Quant: e.File.Header.QuantType, Threads: cfg.Threads}
 	for _, t := range e.File.Tensors {
 		base.SizeBytes += t.Size
@@ -129,12 +136,12 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 				return nil, err
 			}
 			s.Reset()
-			t0 := time.Now()
+			t0 := now()
 			if _, err := e.Model.Forward(s.Cache(), p, 0, model.NoLogits); err != nil {
 				return nil, err
 			}
 			if i > 0 {
-				r.Samples = append(r.Samples, float64(cfg.Prompt)/time.Since(t0).Seconds())
+				r.Samples = append(r.Samples, float64(cfg.Prompt)/now().Sub(t0).Seconds())
 			}
 		}
 		r.TokPerSec, r.TokPerSecSD = meanSD(r.Samples)
@@ -154,7 +161,7 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 			if _, err := e.Model.Forward(s.Cache(), ids[:1], 0, model.LastLogits); err != nil {
 				return nil, err
 			}
-			t0 := time.Now()
+			t0 := now()
 			for k := 1; k <= cfg.Gen; k++ {
 				if err := ctx.Err(); err != nil {
 					return nil, err
@@ -164,7 +171,7 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 				}
 			}
 			if i > 0 {
-				r.Samples = append(r.Samples, float64(cfg.Gen)/time.Since(t0).Seconds())
+				r.Samples = append(r.Samples, float64(cfg.Gen)/now().Sub(t0).Seconds())
 			}
 		}
 		r.TokPerSec, r.TokPerSecSD = meanSD(r.Samples)
@@ -194,8 +201,8 @@ func (r *Report) Markdown(w io.Writer) {
 		if x.BandwidthPct > 0 {
 			pct = fmt.Sprintf("%.0f%%", x.BandwidthPct)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.2f GB | %.2f B | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
-			x.Model, x.Arch, x.Quant, float64(x.SizeBytes)/1e9, float64(x.Params)/1e9, x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
+			x.Model, x.Arch, x.Quant, units.Bytes(x.SizeBytes), units.Count(x.Params), x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
 	}
 	if r.ReadBandwidth > 0 {
 		fmt.Fprintf(w, "\nread bandwidth probed at the start: %.1f GB/s with %d threads; each tg row is compared with the best probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidth/1e9, r.Threads)

@@ -27,6 +27,11 @@
 //     filters from its built-in table before the template's variables, so
 //     Compile renames the filter in filter position to a variable that the
 //     renderer binds to this implementation.
+//   - Bounds. A template cannot run away: every output (literal text and
+//     {{ }} expressions) goes through a counting call, range() is checked
+//     before its list is made, and the rendering has a deadline (see
+//     Limits); a template stopped by them returns a *LimitError naming the
+//     chat template as the cause.
 //
 // Values reach the template with the key order they were given in (JSON
 // object order for tools and tool-call arguments), as Python dicts and
@@ -94,6 +99,9 @@ type Options struct {
 	Vars map[string]any
 	// Now is the clock for strftime_now; nil means time.Now.
 	Now func() time.Time
+	// Limits bound the rendering (output size, range() items, wall time);
+	// the zero value is the defaults.
+	Limits Limits
 }
 
 // TemplateError is returned when the template itself raises, through
@@ -140,25 +148,50 @@ func Render(template string, messages []Message, opts Options) (string, error) {
 var reserved = map[string]bool{
 	"messages": true, "add_generation_prompt": true, "tools": true, "enable_thinking": true,
 	"bos_token": true, "eos_token": true, "raise_exception": true, "strftime_now": true,
-	tojsonName: true,
+	tojsonName: true, emitName: true, rangeName: true,
 }
 
-// Render renders the conversation.
-func (t *Template) Render(messages []Message, opts Options) (out string, err error) {
+// Render renders the conversation within opts.Limits. A rendering stopped
+// by a limit returns an error matching ErrLimit (a *LimitError).
+func (t *Template) Render(messages []Message, opts Options) (string, error) {
 	data, err := context(messages, opts)
 	if err != nil {
 		return "", err
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			out, err = "", fmt.Errorf("chat: render: jinja engine panicked: %v", r)
-		}
-	}()
-	out, err = t.tmpl.RenderValues(data)
-	if err != nil {
-		return "", fmt.Errorf("chat: render: %w", err)
+	b := newBudget(opts.Limits)
+	b.input = inputBytes(messages, opts.Tools)
+	data[emitName] = jinja.NewCallable(emitName, b.emit)
+	data[rangeName] = jinja.NewCallable("range", b.rangeFn)
+	type result struct {
+		out string
+		err error
 	}
-	return out, nil
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				r = result{err: fmt.Errorf("chat: render: jinja engine panicked: %v", p)}
+			}
+			done <- r
+		}()
+		r.out, r.err = t.tmpl.RenderValues(data)
+	}()
+	timer := time.NewTimer(b.lim.Timeout)
+	defer timer.Stop()
+	var r result
+	select {
+	case r = <-done:
+	case <-timer.C:
+		// The evaluation stops at its next checkpoint; its result is
+		// dropped (done is buffered).
+		b.stopped.Store(true)
+		return "", fmt.Errorf("chat: render: %w", b.timeErr())
+	}
+	if r.err != nil {
+		return "", fmt.Errorf("chat: render: %w", r.err)
+	}
+	return r.out, nil
 }
 
 // context builds the template variables.

@@ -21,7 +21,9 @@ import (
 //     nearest text and then trims the wrong text: `{% for %}{{ x }}\n{%
 //     endfor %}` loses its newline) never sees a text segment. Comments
 //     are dropped.
-//  2. Filters listed in filterRenames ("| tojson") are renamed in filter
+//  2. Every output, literal text and {{ }} expressions alike, becomes a
+//     call of the renderer's counting function (see Limits).
+//  3. Filters listed in filterRenames ("| tojson") are renamed in filter
 //     position, outside string literals, to the variables the renderer binds.
 //
 // Newlines removed from the source reappear inside empty comments, so the
@@ -44,17 +46,19 @@ func prepareSource(src string) string {
 		case segText:
 			t := texts[i]
 			if t != "" {
-				b.WriteString("{{ ")
+				b.WriteString("{{ " + emitName + "(")
 				writeLiteral(&b, t)
-				b.WriteString(" }}")
+				b.WriteString(") }}")
 			}
 			writeNewlines(&b, strings.Count(s.text, "\n")-strings.Count(t, "\n"))
 		case segComment:
 			writeNewlines(&b, strings.Count(s.text, "\n"))
 		case segExpr:
-			b.WriteString("{{")
+			// Output goes through the renderer's counting function (see
+			// Limits).
+			b.WriteString("{{ " + emitName + "((")
 			b.WriteString(renameInCode(s.text, filterRenames))
-			b.WriteString("}}")
+			b.WriteString(")) }}")
 		case segStmt:
 			if s.raw != 0 {
 				writeNewlines(&b, strings.Count(s.text, "\n"))

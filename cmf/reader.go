@@ -29,11 +29,13 @@ type mapped struct {
 	path string
 	data []byte // whole file, read-only
 	pre  *preamble
+	st   os.FileInfo // of the mapped file, for its identity (nil in decodeSingle)
 }
 
-// Open maps the CMF file at path read-only and, for a sharded model, the
-// other files of its set from the same folder.
-func Open(path string) (*Model, error) {
+// openModel maps the CMF file at path read-only and, for a sharded model,
+// the other files of its set from the same folder, checking everything but
+// the data sections' hashes.
+func openModel(path string) (*Model, error) {
 	first, hdr, hb, dirb, err := openOne(path)
 	if err != nil {
 		return nil, err
@@ -99,6 +101,16 @@ func openOne(path string) (*mapped, *Header, []byte, []byte, error) {
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("cmf: %w", err)
 	}
+	if st.IsDir() {
+		hint := "give the .cmf file"
+		if _, err := os.Stat(filepath.Join(path, "config.json")); err == nil {
+			hint = "it looks like a Hugging Face model: convert it first with `cortiq convert " + path + " -o model.cmf`"
+		}
+		return nil, nil, nil, nil, fmt.Errorf("cmf: %s is a directory, not a CMF model file (%s)", path, hint)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, nil, nil, nil, fmt.Errorf("cmf: %s is not a regular file (a CMF model is a file that can be memory-mapped)", path)
+	}
 	size := st.Size()
 	if size < PreambleSize {
 		return nil, nil, nil, nil, fmt.Errorf("%w: %s is %d bytes, shorter than the %d-byte preamble", ErrCorrupt, path, size, PreambleSize)
@@ -115,6 +127,7 @@ func openOne(path string) (*mapped, *Header, []byte, []byte, error) {
 		_ = unix.Munmap(data)
 		return nil, nil, nil, nil, err
 	}
+	mp.st = st
 	return mp, hdr, hb, dirb, nil
 }
 

@@ -61,6 +61,9 @@ type Calibrate struct {
 	Ctx    int    // tokens per sequence (0: DefaultCalibCtx, capped at max_position_embeddings)
 	Method string // CalibGPTQ ("": the default) or CalibRMS
 	Memory int64  // bytes of Gram matrices at once (0: DefaultCalibMemory)
+	// Progress receives (tokens run, tokens to run) after each sequence
+	// of each calibration pass.
+	Progress func(done, total int64)
 }
 
 // calibResult is what a calibration pass measured, and for GPTQ the
@@ -147,7 +150,7 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if err := writeFloatModel(ctx, tmp, hdr, ts, blobs); err != nil {
 		return nil, err
 	}
-	f, err := cmf.Open(tmp)
+	f, err := cmf.OpenWith(tmp, cmf.OpenOptions{NoVerify: true}) // just written, and temporary
 	if err != nil {
 		return nil, fmt.Errorf("convert: calibration: %w", err)
 	}
@@ -168,7 +171,7 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 		return nil, fmt.Errorf("convert: calibration text %s: %w", c.Text, err)
 	}
 	res.rerun = func(ctx context.Context, obs model.Observer) error {
-		_, err := RunCalibration(ctx, m, samples, obs)
+		_, err := runCalibration(ctx, m, samples, obs, c.Progress)
 		return err
 	}
 	if method == CalibGPTQ {
@@ -188,7 +191,7 @@ func calibrate(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor,
 	if grams != nil {
 		obs = append(obs, grams)
 	}
-	total, err := RunCalibration(ctx, m, samples, obs)
+	total, err := runCalibration(ctx, m, samples, obs, c.Progress)
 	if err != nil {
 		return nil, err
 	}
@@ -512,9 +515,16 @@ type errReporter interface {
 // installed, and returns the number of tokens run. The output head sees
 // every position (logits are computed in pieces to bound memory).
 func RunCalibration(ctx context.Context, m *model.Model, samples [][]int, obs model.Observer) (int, error) {
-	longest := 0
+	return runCalibration(ctx, m, samples, obs, nil)
+}
+
+// runCalibration is RunCalibration reporting tokens run to progress
+// (nil: none).
+func runCalibration(ctx context.Context, m *model.Model, samples [][]int, obs model.Observer, progress func(done, total int64)) (int, error) {
+	longest, all := 0, int64(0)
 	for _, s := range samples {
 		longest = max(longest, len(s))
+		all += int64(len(s))
 	}
 	cache, err := m.NewCache(longest)
 	if err != nil {
@@ -540,6 +550,9 @@ func RunCalibration(ctx context.Context, m *model.Model, samples [][]int, obs mo
 			return 0, fmt.Errorf("convert: calibration sequence %d: %w", i, r.Err())
 		}
 		total += len(s)
+		if progress != nil {
+			progress(int64(total), all)
+		}
 	}
 	return total, nil
 }

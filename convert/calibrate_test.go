@@ -50,7 +50,18 @@ func convertCalibrated(t *testing.T, src string, q quant.DType, c *Calibrate) (*
 // temporary file left beside it and still runs.
 func TestCalibrateRoundTrip(t *testing.T) {
 	c := &Calibrate{Text: calibText, Tokens: 384, Ctx: 64}
+	var reports [][2]int64
+	c.Progress = func(done, total int64) { reports = append(reports, [2]int64{done, total}) }
 	m, out := convertCalibrated(t, calibFixture, quant.Q4TP, c)
+	// Progress: tokens run after each of the 6 sequences of 64, per pass.
+	if len(reports) < 6 || len(reports)%6 != 0 {
+		t.Fatalf("progress reports %v", reports)
+	}
+	for i, r := range reports {
+		if r != [2]int64{int64(64 * (i%6 + 1)), 384} {
+			t.Fatalf("progress report %d: %v, want %d of 384", i, r, 64*(i%6+1))
+		}
+	}
 	cal := m.Header.Calibration
 	if cal == nil {
 		t.Fatal("no calibration section")
@@ -117,6 +128,50 @@ func TestCalibrateRoundTrip(t *testing.T) {
 	defer e2.Close()
 	s, _ := e2.NewSession(8)
 	if _, err := e2.Model.Forward(s.Cache(), samples[0][:8], 0, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCalibrateHybrid calibrates a hybrid model (Gated DeltaNet layers,
+// gated attention, routed and shared experts): the observer sees the
+// inputs of the DeltaNet projections, of the router-selected experts and
+// of the shared expert, so they get statistics like the attention
+// weights, and the output runs.
+func TestCalibrateHybrid(t *testing.T) {
+	src := filepath.Join("..", "testdata", "models", "qwen3_next_f32")
+	// q8_2f with RMS statistics: the fixture's width 48 is no multiple of
+	// q4tp's groups of 32.
+	m, out := convertCalibrated(t, src, quant.Q82F, &Calibrate{Text: calibText, Tokens: 256, Ctx: 64, Method: CalibRMS})
+	cal := m.Header.Calibration
+	if cal == nil {
+		t.Fatal("no calibration section")
+	}
+	for _, w := range []string{
+		"model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.0.linear_attn.out_proj.weight",
+		"model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.o_proj.weight",
+		"model.layers.1.mlp.shared_expert.down_proj.weight",
+	} {
+		if _, ok := cal.Tensors[w]; !ok {
+			t.Errorf("no statistics for %s", w)
+		}
+	}
+	experts := 0
+	for w := range cal.Tensors {
+		if strings.Contains(w, ".mlp.experts.") {
+			experts++
+		}
+	}
+	// 4 layers × 4 experts × 3 matrices; 256 tokens route to every expert.
+	if experts != 48 {
+		t.Errorf("statistics for %d expert matrices, want 48", experts)
+	}
+	e, err := engine.Open(out, engine.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	c, _ := e.Model.NewCache(8)
+	if _, err := e.Model.Forward(c, []int{1, 2, 3, 4, 5, 6, 7, 8}, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -231,7 +286,6 @@ func TestCalibrateErrors(t *testing.T) {
 		cal       Calibrate
 		want      string
 	}{
-		{"moe", filepath.Join("..", "testdata", "models", "qwen3_moe_f32"), Calibrate{Text: calibText}, "does not run qwen3_moe"},
 		{"no tokenizer", noTok, Calibrate{Text: calibText}, "needs the model's tokenizer"},
 		{"missing text", calibFixture, Calibrate{Text: filepath.Join(dir, "nope.txt")}, "no such file"},
 		{"not utf-8", calibFixture, Calibrate{Text: bad}, "not UTF-8"},

@@ -53,7 +53,11 @@ type Result struct {
 	OutBytes   int64 // CMF tensor bytes written
 	Elapsed    time.Duration
 	Header     cmf.Header
-	DTypeCount map[string]int
+	DTypeCount map[string]int   // tensors per stored format
+	DTypeBytes map[string]int64 // bytes written per stored format
+	// Fallbacks are the tensors stored in another format than asked,
+	// because the format asked for cannot hold their shape.
+	Fallbacks []Fallback
 }
 
 // srcTensor is one output tensor and how to produce it from the source.
@@ -88,11 +92,14 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 	hdr.QuantType = opt.Quant.String()
 	hdr.QuantPolicy = pol.Record()
 	specs := make([]cmf.TensorSpec, 0, len(ts)+len(blobs))
-	res := &Result{DTypeCount: map[string]int{}}
+	res := &Result{DTypeCount: map[string]int{}, DTypeBytes: map[string]int64{}}
 	var total int64
 	for _, t := range ts {
 		tied := hdr.Arch.TieWordEmbeddings && t.name == "model.embed_tokens.weight"
-		d, _ := pol.Choose(t.name, t.shape, tied)
+		d, _, fb := pol.choose(t.name, t.shape, tied)
+		if fb != nil {
+			res.Fallbacks = append(res.Fallbacks, *fb)
+		}
 		specs = append(specs, cmf.TensorSpec{Name: t.name, DType: d, Shape: t.shape})
 		res.DTypeCount[d.String()]++
 		total += t.inBytes
@@ -205,6 +212,7 @@ func write(ctx context.Context, out string, hdr *cmf.Header, ts []srcTensor, blo
 		done += t.inBytes
 		res.InBytes += t.inBytes
 		res.OutBytes += w.Tensors()[i].Size
+		res.DTypeBytes[d.String()] += w.Tensors()[i].Size
 		if opt.Progress != nil {
 			opt.Progress(done, total)
 		}

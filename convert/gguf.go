@@ -46,6 +46,9 @@ var reBlk = regexp.MustCompile(`^blk\.(\d+)\.(.+)$`)
 // llama's permuted Q/K rows restored to Hugging Face order, stacked experts
 // split per expert, and the GGUF vocabulary carried as the tokenizer.
 func FromGGUF(ctx context.Context, path, out string, opt Options) (*Result, error) {
+	if err := checkOutput(out); err != nil {
+		return nil, err
+	}
 	f, err := gguf.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
@@ -137,6 +140,9 @@ func FromGGUF(ctx context.Context, path, out string, opt Options) (*Result, erro
 		return nil, fmt.Errorf("convert: %s: %w", path, err)
 	}
 	if tc != nil {
+		if err := checkTokenizer(tc, tb, &arch, "the GGUF vocabulary"); err != nil {
+			return nil, fmt.Errorf("convert: %s: %w", path, err)
+		}
 		hdr.TokenizerConfig = tc
 		blobs = append(blobs, blob{tc.Blob, tb})
 	} else {
@@ -342,8 +348,26 @@ func archFromGGUF(f *gguf.File, ga, name string) (cmf.Arch, error) {
 		a.MoE = &cmf.MoE{NumExperts: u("expert_count", 0), NumExpertsPerTok: u("expert_used_count", 0),
 			MoEIntermediateSize: u("expert_feed_forward_length", 0), NormTopKProb: true, DecoderSparseStep: 1}
 	}
-	if a.HiddenSize == 0 || a.NumLayers == 0 || a.NumAttentionHeads == 0 {
-		return a, fmt.Errorf("GGUF metadata lacks %s.embedding_length / block_count / attention.head_count", ga)
+	for _, d := range []struct {
+		key string
+		v   int
+	}{{"embedding_length", a.HiddenSize}, {"block_count", a.NumLayers}, {"attention.head_count", a.NumAttentionHeads}, {"attention.head_count_kv", a.NumKVHeads}} {
+		if d.v > 0 {
+			continue
+		}
+		k := ga + "." + d.key
+		v, ok := f.KV(k)
+		switch {
+		case !ok:
+			return a, fmt.Errorf("GGUF metadata lacks %s", k)
+		case d.v == 0 && isGGUFInt(v):
+			return a, fmt.Errorf("GGUF metadata: %s is 0; it must be at least 1", k)
+		default:
+			return a, fmt.Errorf("GGUF metadata: %s is not a single positive integer (per-layer values are not supported)", k)
+		}
+	}
+	if !(a.RopeTheta > 0) {
+		return a, fmt.Errorf("GGUF metadata: %s.rope.freq_base = %v: the RoPE base must be positive", ga, a.RopeTheta)
 	}
 	return a, nil
 }
@@ -430,4 +454,13 @@ func ggufTokenizer(f *gguf.File, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, 
 	arch.BOSTokenID = tc.BOSTokenID
 	b, err := json.Marshal(&v)
 	return tc, b, err
+}
+
+// isGGUFInt reports whether a metadata value is one integer.
+func isGGUFInt(v gguf.Value) bool {
+	if _, ok := v.Uint(); ok {
+		return true
+	}
+	_, ok := v.Int()
+	return ok
 }

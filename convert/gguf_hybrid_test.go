@@ -640,6 +640,44 @@ func TestConvertGGUFHybridFixtures(t *testing.T) {
 					t.Fatalf("%q: tokenizer.json %v, GGUF %v", s, a, b)
 				}
 			}
+
+			// The imported model runs and computes transformers' prompt
+			// logits (within 1e-4 of their RMS).
+			ref, err := safetensors.Open(filepath.Join(src, "reference.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			want, err := ref.Float32("logits")
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw := ref.Raw("prompt_ids")
+			ids := make([]int, len(raw)/4)
+			for i := range ids {
+				ids[i] = int(int32(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24))
+			}
+			e, err := engine.Open(gO, engine.Options{Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			c, err := e.Model.NewCache(len(ids))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.Model.Forward(c, ids, 0, model.AllLogits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ss, worst float64
+			for i, w := range want {
+				ss += float64(w) * float64(w)
+				worst = math.Max(worst, math.Abs(float64(got[i]-w)))
+			}
+			if rel := worst / math.Sqrt(ss/float64(len(want))); rel > 1e-4 {
+				t.Fatalf("GGUF-imported model's prompt logits differ from transformers' by %.3g of their RMS", rel)
+			}
 		})
 	}
 }

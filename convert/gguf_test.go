@@ -230,7 +230,8 @@ func TestConvertGGUF(t *testing.T) {
 			gp := filepath.Join(dir, "m.gguf")
 			const tmpl = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 			var tokFn func(*gguf.Writer)
-			var tj []byte
+			var tj, tokBlob []byte
+			var tokTC *cmf.TokenizerConfig
 			if c.arch == "qwen3" {
 				var tokens, merges []string
 				var types []int32
@@ -247,7 +248,26 @@ func TestConvertGGUF(t *testing.T) {
 					w.AddKV("tokenizer.chat_template", gguf.String(tmpl))
 				}
 			}
-			writeGGUF(t, gp, c.ga, arch, vals, c.typ, tokFn)
+			if tokFn != nil {
+				// The real Qwen3 vocabulary on a 48-row model: the file
+				// could not run, so convert refuses it (issue 8), and the
+				// tokenizer is checked below straight from the GGUF's
+				// vocabulary; the tensors are compared on a copy without it.
+				tp := filepath.Join(dir, "vocab.gguf")
+				writeGGUF(t, tp, c.ga, arch, vals, c.typ, tokFn)
+				if _, err := Run(context.Background(), tp, filepath.Join(dir, "vocab.cmf"), Options{Quant: quant.F32}); err == nil || !strings.Contains(err.Error(), "beyond the model's vocab_size 48") {
+					t.Fatalf("a vocabulary larger than the model: %v", err)
+				}
+				gf, err := gguf.Open(tp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer gf.Close()
+				if tokTC, tokBlob, err = ggufTokenizer(gf, &arch); err != nil {
+					t.Fatal(err)
+				}
+			}
+			writeGGUF(t, gp, c.ga, arch, vals, c.typ, nil)
 			ho, gO := filepath.Join(dir, "hf.cmf"), filepath.Join(dir, "gguf.cmf")
 			if _, err := FromHF(context.Background(), hfDir, ho, Options{Quant: quant.F32}); err != nil {
 				t.Fatal(err)
@@ -294,11 +314,11 @@ func TestConvertGGUF(t *testing.T) {
 				return
 			}
 			// The GGUF vocabulary tokenizes exactly like tokenizer.json.
-			tc := gm.Header.TokenizerConfig
+			tc := tokTC
 			if tc == nil || tc.ChatTemplate != tmpl || !slices.Contains(tc.EOSTokenIDs, 151645) {
 				t.Fatalf("tokenizer config %+v", tc)
 			}
-			gt, err := engine.LoadTokenizer(gm)
+			gt, err := engine.TokenizerFrom(tc, tokBlob)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -420,7 +440,9 @@ func TestGGUFRopeFreqs(t *testing.T) {
 	for i := range want {
 		worst = max(worst, math.Abs(float64(got[i]-want[i]))/rms)
 	}
-	if worst > 1e-5 {
+	t.Logf("GGUF (rope_freqs) vs HF (llama3): max |Δlogit|/rms %.2e", worst)
+	// Measured 1.91e-7 with every kernel set (-args -isa=...): allowed 3×.
+	if worst > 6e-7 {
 		t.Fatalf("GGUF (rope_freqs) logits differ from HF (llama3) by %.2e of RMS", worst)
 	}
 }

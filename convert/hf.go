@@ -47,6 +47,9 @@ func canonical(name string) string {
 
 // FromHF converts a Hugging Face model directory to CMF at out.
 func FromHF(ctx context.Context, dir, out string, opt Options) (*Result, error) {
+	if err := checkOutput(out); err != nil {
+		return nil, err
+	}
 	var top, gen hfConfig
 	if err := readJSON(filepath.Join(dir, "config.json"), &top); err != nil {
 		return nil, fmt.Errorf("convert: %s: %w", dir, err)
@@ -154,6 +157,11 @@ func FromHF(ctx context.Context, dir, out string, opt Options) (*Result, error) 
 	tok, tokBlob, err := hfTokenizer(dir, &arch)
 	if err != nil {
 		return nil, fmt.Errorf("convert: %w", err)
+	}
+	if tok != nil {
+		if err := checkTokenizer(tok, tokBlob, &arch, "tokenizer.json"); err != nil {
+			return nil, fmt.Errorf("convert: %s: %w", dir, err)
+		}
 	}
 	var blobs []blob
 	if tok != nil {
@@ -296,11 +304,21 @@ func hfTokenizer(dir string, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, erro
 			Content string `json:"content"`
 		} `json:"added_tokens"`
 		Model struct {
-			Vocab map[string]int `json:"vocab"`
+			Type  string          `json:"type"`
+			Vocab json.RawMessage `json:"vocab"`
 		} `json:"model"`
 	}
 	if err := json.Unmarshal(tj, &tjs); err != nil {
 		return nil, nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if t := tjs.Model.Type; t != "" && t != "BPE" {
+		return nil, nil, fmt.Errorf("tokenizer.json: model type %q is not supported (only BPE tokenizers, byte-level or SentencePiece-style, are)", t)
+	}
+	var vocab map[string]int
+	if len(tjs.Model.Vocab) > 0 {
+		if err := json.Unmarshal(tjs.Model.Vocab, &vocab); err != nil {
+			return nil, nil, fmt.Errorf("tokenizer.json: model.vocab: %w", err)
+		}
 	}
 	idOf := func(s string) (int, bool) {
 		for _, a := range tjs.AddedTokens {
@@ -308,7 +326,7 @@ func hfTokenizer(dir string, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, erro
 				return a.ID, true
 			}
 		}
-		id, ok := tjs.Model.Vocab[s]
+		id, ok := vocab[s]
 		return id, ok
 	}
 	tc := &cmf.TokenizerConfig{Kind: "hf_json", Blob: "tokenizer.json"}
@@ -327,8 +345,12 @@ func hfTokenizer(dir string, arch *cmf.Arch) (*cmf.TokenizerConfig, []byte, erro
 		return ""
 	}
 	tc.BOSToken, tc.EOSToken, tc.PadToken = tokStr("bos_token"), tokStr("eos_token"), tokStr("pad_token")
-	tc.AddBOS = cfg.boolOr("add_bos_token", false)
-	tc.AddEOS = cfg.boolOr("add_eos_token", false)
+	var cerr error
+	tc.AddBOS = cfg.boolOr("add_bos_token", false, &cerr)
+	tc.AddEOS = cfg.boolOr("add_eos_token", false, &cerr)
+	if cerr != nil {
+		return nil, nil, fmt.Errorf("tokenizer_config.json: %s", strings.TrimPrefix(cerr.Error(), "config.json: "))
+	}
 	switch v := cfg["chat_template"].(type) {
 	case string:
 		tc.ChatTemplate = v

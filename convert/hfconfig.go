@@ -2,10 +2,13 @@ package convert
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/model"
@@ -20,9 +23,33 @@ func readJSON(path string, v any) error {
 		return err
 	}
 	if err := json.Unmarshal(b, v); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			// Python's json writes NaN and Infinity, which are not JSON:
+			// show where, so the key is visible.
+			lo, hi := max(0, int(se.Offset)-40), min(len(b), int(se.Offset)+20)
+			return fmt.Errorf("%s: invalid JSON at byte %d, near `%s` (NaN and Infinity are not JSON numbers): %w", filepath.Base(path), se.Offset, strings.ReplaceAll(string(b[lo:hi]), "\n", " "), err)
+		}
 		return fmt.Errorf("%s: invalid JSON: %w", filepath.Base(path), err)
 	}
 	return nil
+}
+
+// kind names a decoded JSON value's type for error messages.
+func kind(v any) string {
+	switch x := v.(type) {
+	case string:
+		return fmt.Sprintf("the string %q", x)
+	case bool:
+		return "a boolean"
+	case float64:
+		return "a number"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 func (c hfConfig) has(k string) bool { v, ok := c[k]; return ok && v != nil }
@@ -34,7 +61,7 @@ func (c hfConfig) num(k string) (float64, bool, error) {
 	}
 	f, isNum := v.(float64)
 	if !isNum {
-		return 0, true, fmt.Errorf("config.json: %s is %T, want a number", k, v)
+		return 0, true, fmt.Errorf("config.json: %s is %s, want a number", k, kind(v))
 	}
 	return f, true, nil
 }
@@ -68,21 +95,60 @@ func (c hfConfig) floatOr(k string, def float64, errp *error) float64 {
 	return f
 }
 
-func (c hfConfig) boolOr(k string, def bool) bool {
-	if b, ok := c[k].(bool); ok {
-		return b
+// boolOr returns the boolean at k, def if absent or null; another type is
+// an error.
+func (c hfConfig) boolOr(k string, def bool, errp *error) bool {
+	v, ok := c[k]
+	if !ok || v == nil {
+		return def
 	}
-	return def
+	b, isBool := v.(bool)
+	if !isBool {
+		setErr(errp, fmt.Errorf("config.json: %s is %s, want true or false", k, kind(v)))
+		return def
+	}
+	return b
 }
 
-func (c hfConfig) str(k string) string {
-	s, _ := c[k].(string)
+// str returns the string at k, "" if absent or null; another type is an
+// error.
+func (c hfConfig) str(k string, errp *error) string {
+	v, ok := c[k]
+	if !ok || v == nil {
+		return ""
+	}
+	s, isStr := v.(string)
+	if !isStr {
+		setErr(errp, fmt.Errorf("config.json: %s is %s, want a string", k, kind(v)))
+	}
 	return s
 }
 
-func (c hfConfig) sub(k string) hfConfig {
-	m, _ := c[k].(map[string]any)
+// sub returns the object at k, nil if absent or null; another type is an
+// error.
+func (c hfConfig) sub(k string, errp *error) hfConfig {
+	v, ok := c[k]
+	if !ok || v == nil {
+		return nil
+	}
+	m, isObj := v.(map[string]any)
+	if !isObj {
+		setErr(errp, fmt.Errorf("config.json: %s is %s, want an object", k, kind(v)))
+	}
 	return m
+}
+
+// prefixed returns a view of the sub-object at k whose error messages name
+// keys as k.key (rope_scaling.factor).
+func (c hfConfig) prefixed(k string, sub hfConfig) hfConfig {
+	if sub == nil {
+		return nil
+	}
+	out := make(hfConfig, len(sub))
+	for kk, v := range sub {
+		out[k+"."+kk] = v
+	}
+	return out
 }
 
 func setErr(errp *error, err error) {
@@ -101,7 +167,11 @@ var archNames = map[string]string{
 // It reads both the transformers-5 rope_parameters spelling and the older
 // rope_theta / rope_scaling / partial_rotary_factor keys.
 func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
-	mt := top.str("model_type")
+	var err error
+	mt := top.str("model_type", &err)
+	if err != nil {
+		return cmf.Arch{}, err
+	}
 	name, ok := archNames[mt]
 	if !ok {
 		if mt == "" {
@@ -110,10 +180,9 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 		return cmf.Arch{}, fmt.Errorf("architecture %q (%v) is not supported (supported: %v)", mt, top["architectures"], model.Supported)
 	}
 	c := top
-	if tc := top.sub("text_config"); tc != nil {
+	if tc := top.sub("text_config", &err); tc != nil {
 		c = tc
 	}
-	var err error
 	a := cmf.Arch{ArchName: name, HiddenAct: "silu", NormStyle: "standard", PartialRotaryFactor: 1}
 	a.HiddenSize = c.intOr("hidden_size", 0, &err)
 	a.IntermediateSize = c.intOr("intermediate_size", 0, &err)
@@ -132,21 +201,24 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 	if err != nil {
 		return a, err
 	}
-	if act := c.str("hidden_act"); act != "" && act != "silu" {
+	if act := c.str("hidden_act", &err); act != "" && act != "silu" {
 		return a, fmt.Errorf("hidden_act %q is not supported (only silu)", act)
 	}
 	// tie_word_embeddings may sit at either level of a VLM config; the text
 	// level wins when both are present.
-	a.TieWordEmbeddings = top.boolOr("tie_word_embeddings", false)
+	a.TieWordEmbeddings = top.boolOr("tie_word_embeddings", false, &err)
 	if c.has("tie_word_embeddings") {
-		a.TieWordEmbeddings = c.boolOr("tie_word_embeddings", a.TieWordEmbeddings)
+		a.TieWordEmbeddings = c.boolOr("tie_word_embeddings", a.TieWordEmbeddings, &err)
 	}
 
 	// RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling.
-	rp := c.sub("rope_parameters")
+	rp := c.prefixed("rope_parameters", c.sub("rope_parameters", &err))
 	a.RopeTheta = c.floatOr("rope_theta", 10000, &err)
 	if rp != nil {
-		a.RopeTheta = rp.floatOr("rope_theta", a.RopeTheta, &err)
+		a.RopeTheta = rp.floatOr("rope_parameters.rope_theta", a.RopeTheta, &err)
+	}
+	if err == nil && !(a.RopeTheta > 0) {
+		return a, fmt.Errorf("config.json: rope_theta = %v: the RoPE base must be positive", a.RopeTheta)
 	}
 	switch name {
 	case "qwen3_next":
@@ -154,55 +226,32 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 	}
 	a.PartialRotaryFactor = c.floatOr("partial_rotary_factor", a.PartialRotaryFactor, &err)
 	if rp != nil {
-		a.PartialRotaryFactor = rp.floatOr("partial_rotary_factor", a.PartialRotaryFactor, &err)
+		a.PartialRotaryFactor = rp.floatOr("rope_parameters.partial_rotary_factor", a.PartialRotaryFactor, &err)
 	}
-	scal := c.sub("rope_scaling")
+	rk := "rope_scaling"
+	scal := c.prefixed(rk, c.sub(rk, &err))
 	if scal == nil && rp != nil {
-		scal = rp
+		scal, rk = rp, "rope_parameters"
 	}
-	if scal != nil {
-		typ := scal.str("rope_type")
-		if typ == "" {
-			typ = scal.str("type")
-		}
-		if typ != "" && typ != "default" {
-			rs := &cmf.RopeScaling{Type: typ}
-			rs.Factor = scal.floatOr("factor", 1, &err)
-			rs.OriginalMaxPositionEmbeddings = scal.intOr("original_max_position_embeddings", 0, &err)
-			rs.LowFreqFactor = scal.floatOr("low_freq_factor", 0, &err)
-			rs.HighFreqFactor = scal.floatOr("high_freq_factor", 0, &err)
-			rs.BetaFast = scal.floatOr("beta_fast", 0, &err)
-			rs.BetaSlow = scal.floatOr("beta_slow", 0, &err)
-			rs.AttentionFactor = scal.floatOr("attention_factor", 0, &err)
-			rs.MScale = scal.floatOr("mscale", 0, &err)
-			rs.MScaleAllDim = scal.floatOr("mscale_all_dim", 0, &err)
-			if b, ok := scal["truncate"].(bool); ok {
-				rs.Truncate = &b
-			}
-			rs.LongFactor = floats(scal["long_factor"])
-			rs.ShortFactor = floats(scal["short_factor"])
-			switch typ {
-			case "linear", "dynamic", "yarn", "llama3", "longrope":
-			default:
-				return a, fmt.Errorf("rope scaling type %q is not supported (linear, dynamic, yarn, llama3, longrope)", typ)
-			}
+	if scal != nil && err == nil {
+		if rs, e := ropeScaling(scal, rk); e != nil {
+			return a, e
+		} else if rs != nil {
 			a.RopeScaling = rs
-		}
-		if ms, ok := scal["mrope_section"]; ok {
-			if a.RopeScaling == nil {
-				a.RopeScaling = &cmf.RopeScaling{Type: "default"}
-			}
-			for _, f := range floats(ms) {
-				a.RopeScaling.MRopeSection = append(a.RopeScaling.MRopeSection, int(f))
-			}
-			a.RopeScaling.MRopeInterleaved = scal.boolOr("mrope_interleaved", false)
 		}
 	}
 
 	// Layer types.
-	if lt, ok := c["layer_types"].([]any); ok {
-		for _, v := range lt {
-			s, _ := v.(string)
+	if c.has("layer_types") {
+		lt, ok := c["layer_types"].([]any)
+		if !ok {
+			return a, fmt.Errorf("config.json: layer_types is %s, want a list of strings", kind(c["layer_types"]))
+		}
+		for i, v := range lt {
+			s, ok := v.(string)
+			if !ok {
+				return a, fmt.Errorf("config.json: layer_types[%d] is %s, want a string", i, kind(v))
+			}
 			a.LayerTypes = append(a.LayerTypes, s)
 		}
 	} else {
@@ -218,7 +267,7 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 			a.LayerTypes = append(a.LayerTypes, t)
 		}
 	}
-	if c.boolOr("use_sliding_window", false) {
+	if c.boolOr("use_sliding_window", false, &err) {
 		a.SlidingWindow = c.intOr("sliding_window", 0, &err)
 		mw := c.intOr("max_window_layers", a.NumLayers, &err)
 		if _, explicit := c["layer_types"]; !explicit && a.SlidingWindow > 0 {
@@ -231,18 +280,18 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 	// Per-family attention and FFN features.
 	switch name {
 	case "llama":
-		a.AttentionBias = c.boolOr("attention_bias", false)
+		a.AttentionBias = c.boolOr("attention_bias", false, &err)
 		a.AttentionOutBias = a.AttentionBias
-		a.MLPBias = c.boolOr("mlp_bias", false)
+		a.MLPBias = c.boolOr("mlp_bias", false, &err)
 	case "qwen2":
 		a.AttentionBias = true
 	case "qwen3", "qwen3_moe":
 		a.QKNorm = true
-		a.AttentionBias = c.boolOr("attention_bias", false)
+		a.AttentionBias = c.boolOr("attention_bias", false, &err)
 		a.AttentionOutBias = a.AttentionBias
 	case "qwen3_next", "qwen3_5", "qwen3_5_moe":
 		a.QKNorm, a.AttnOutputGate, a.NormStyle = true, true, "one_plus"
-		a.AttentionBias = c.boolOr("attention_bias", false)
+		a.AttentionBias = c.boolOr("attention_bias", false, &err)
 		a.AttentionOutBias = a.AttentionBias
 		a.LinearCore = &cmf.LinearCore{Kind: "gated_deltanet", Projection: "qkvz_grouped"}
 		if name != "qwen3_next" {
@@ -264,38 +313,48 @@ func archFromHF(top hfConfig, gen hfConfig) (cmf.Arch, error) {
 		m.DecoderSparseStep = c.intOr("decoder_sparse_step", 1, &err)
 		switch name {
 		case "qwen3_moe":
-			m.NormTopKProb = c.boolOr("norm_topk_prob", false) // class default is false
+			m.NormTopKProb = c.boolOr("norm_topk_prob", false, &err) // class default is false
 		case "qwen3_next":
-			m.NormTopKProb = c.boolOr("norm_topk_prob", true)
+			m.NormTopKProb = c.boolOr("norm_topk_prob", true, &err)
 		default:
 			m.NormTopKProb = true // qwen3_5_moe always renormalises
 		}
-		if ml, ok := c["mlp_only_layers"].([]any); ok {
-			for _, v := range ml {
-				if f, ok := v.(float64); ok {
-					m.MLPOnlyLayers = append(m.MLPOnlyLayers, int(f))
-				}
-			}
-		}
+		m.MLPOnlyLayers = ints(c, "mlp_only_layers", &err)
 		if m.NumExperts > 0 {
 			a.MoE = m
 		}
 	}
-	if b, ok, _ := c.num("bos_token_id"); ok {
-		id := int(b)
+	if c.has("bos_token_id") {
+		id := c.intOr("bos_token_id", 0, &err)
 		a.BOSTokenID = &id
 	}
-	a.EOSTokenIDs = ints(c["eos_token_id"])
+	a.EOSTokenIDs = ints(c, "eos_token_id", &err)
 	if gen != nil {
-		if ids := ints(gen["eos_token_id"]); len(ids) > 0 {
+		var gerr error
+		if ids := ints(gen, "eos_token_id", &gerr); len(ids) > 0 {
 			a.EOSTokenIDs = ids
+		}
+		if gerr != nil {
+			return a, fmt.Errorf("generation_config.json: %s", strings.TrimPrefix(gerr.Error(), "config.json: "))
 		}
 	}
 	if err != nil {
 		return a, err
 	}
-	if a.HeadDim == 0 || a.NumAttentionHeads == 0 {
-		return a, fmt.Errorf("config.json: num_attention_heads/head_dim missing")
+	for _, d := range []struct {
+		key string
+		v   int
+	}{{"num_attention_heads", a.NumAttentionHeads}, {"head_dim", a.HeadDim}, {"hidden_size", a.HiddenSize}, {"num_hidden_layers", a.NumLayers}, {"vocab_size", a.VocabSize}} {
+		if d.v > 0 {
+			continue
+		}
+		if c.has(d.key) {
+			return a, fmt.Errorf("config.json: %s is %d; it must be at least 1", d.key, d.v)
+		}
+		return a, fmt.Errorf("config.json: %s is missing", d.key)
+	}
+	if a.NumKVHeads == 0 {
+		return a, fmt.Errorf("config.json: num_key_value_heads is 0; it must be at least 1")
 	}
 	return a, a.Validate()
 }
@@ -331,40 +390,142 @@ func boundArch(a *cmf.Arch) error {
 // mtpLayers returns the MTP layer count a config declares (0 if none).
 func mtpLayers(top hfConfig) int {
 	c := top
-	if tc := top.sub("text_config"); tc != nil {
+	var err error
+	if tc := top.sub("text_config", &err); tc != nil {
 		c = tc
 	}
-	var err error
 	if c.has("mtp_num_hidden_layers") {
 		return c.intOr("mtp_num_hidden_layers", 0, &err)
 	}
 	return c.intOr("num_nextn_predict_layers", 1, &err)
 }
 
-func floats(v any) []float64 {
-	l, _ := v.([]any)
-	var out []float64
-	for _, x := range l {
-		if f, ok := x.(float64); ok {
-			out = append(out, f)
+// floats returns the list of numbers at k (nil if absent or null); any
+// other type is an error.
+func floats(c hfConfig, k string, errp *error) []float64 {
+	v, ok := c[k]
+	if !ok || v == nil {
+		return nil
+	}
+	l, isList := v.([]any)
+	if !isList {
+		setErr(errp, fmt.Errorf("config.json: %s is %s, want a list of numbers", k, kind(v)))
+		return nil
+	}
+	out := make([]float64, 0, len(l))
+	for i, x := range l {
+		f, ok := x.(float64)
+		if !ok {
+			setErr(errp, fmt.Errorf("config.json: %s[%d] is %s, want a number", k, i, kind(x)))
+			return nil
 		}
+		out = append(out, f)
 	}
 	return out
 }
 
-// ints accepts a number or a list of numbers.
-func ints(v any) []int {
-	switch x := v.(type) {
-	case float64:
-		return []int{int(x)}
-	case []any:
-		var out []int
-		for _, e := range x {
-			if f, ok := e.(float64); ok {
-				out = append(out, int(f))
+// ints returns a non-negative integer or a list of them at k (nil if
+// absent or null); anything else is an error.
+func ints(c hfConfig, k string, errp *error) []int {
+	v, ok := c[k]
+	if !ok || v == nil {
+		return nil
+	}
+	one := func(x any, name string) (int, bool) {
+		f, ok := x.(float64)
+		if !ok || f != math.Trunc(f) || f < 0 || f > 1<<31 {
+			what := kind(x)
+			if ok {
+				what = fmt.Sprint(f)
 			}
+			setErr(errp, fmt.Errorf("config.json: %s is %s, want a token id (a non-negative integer)", name, what))
+			return 0, false
+		}
+		return int(f), true
+	}
+	if l, isList := v.([]any); isList {
+		out := make([]int, 0, len(l))
+		for i, x := range l {
+			id, ok := one(x, fmt.Sprintf("%s[%d]", k, i))
+			if !ok {
+				return nil
+			}
+			out = append(out, id)
 		}
 		return out
 	}
+	if id, ok := one(v, k); ok {
+		return []int{id}
+	}
 	return nil
+}
+
+// ropeRequired lists the keys each RoPE scaling type cannot do without
+// (as transformers' rope validation requires them).
+var ropeRequired = map[string][]string{
+	"linear":   {"factor"},
+	"dynamic":  {"factor"},
+	"yarn":     {"factor"},
+	"llama3":   {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"},
+	"longrope": {"long_factor", "short_factor"},
+}
+
+// ropeScaling reads a rope_scaling (or rope_parameters) object whose keys
+// carry the prefix rk; nil without scaling.
+func ropeScaling(scal hfConfig, rk string) (*cmf.RopeScaling, error) {
+	var err error
+	key := func(k string) string { return rk + "." + k }
+	typ := scal.str(key("rope_type"), &err)
+	if typ == "" {
+		typ = scal.str(key("type"), &err)
+	}
+	var rs *cmf.RopeScaling
+	if typ != "" && typ != "default" {
+		req, known := ropeRequired[typ]
+		if !known {
+			return nil, fmt.Errorf("config.json: %s: RoPE scaling type %q is not supported (linear, dynamic, yarn, llama3, longrope)", rk, typ)
+		}
+		for _, k := range req {
+			if !scal.has(key(k)) {
+				return nil, fmt.Errorf("config.json: %s of type %s lacks %s (required: %s)", rk, typ, key(k), strings.Join(req, ", "))
+			}
+		}
+		rs = &cmf.RopeScaling{Type: typ}
+		rs.Factor = scal.floatOr(key("factor"), 1, &err)
+		rs.OriginalMaxPositionEmbeddings = scal.intOr(key("original_max_position_embeddings"), 0, &err)
+		rs.LowFreqFactor = scal.floatOr(key("low_freq_factor"), 0, &err)
+		rs.HighFreqFactor = scal.floatOr(key("high_freq_factor"), 0, &err)
+		rs.BetaFast = scal.floatOr(key("beta_fast"), 0, &err)
+		rs.BetaSlow = scal.floatOr(key("beta_slow"), 0, &err)
+		rs.AttentionFactor = scal.floatOr(key("attention_factor"), 0, &err)
+		rs.MScale = scal.floatOr(key("mscale"), 0, &err)
+		rs.MScaleAllDim = scal.floatOr(key("mscale_all_dim"), 0, &err)
+		if scal.has(key("truncate")) {
+			b := scal.boolOr(key("truncate"), true, &err)
+			rs.Truncate = &b
+		}
+		rs.LongFactor = floats(scal, key("long_factor"), &err)
+		rs.ShortFactor = floats(scal, key("short_factor"), &err)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(req, "factor") && !(rs.Factor > 0) {
+			return nil, fmt.Errorf("config.json: %s = %v: the scaling factor must be positive", key("factor"), rs.Factor)
+		}
+		if typ == "llama3" {
+			if !(rs.LowFreqFactor > 0) || !(rs.HighFreqFactor > rs.LowFreqFactor) || rs.OriginalMaxPositionEmbeddings < 1 {
+				return nil, fmt.Errorf("config.json: %s: llama3 scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings ≥ 1 (have %v, %v, %d)", rk, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPositionEmbeddings)
+			}
+		}
+	}
+	if scal.has(key("mrope_section")) {
+		if rs == nil {
+			rs = &cmf.RopeScaling{Type: "default"}
+		}
+		for _, f := range floats(scal, key("mrope_section"), &err) {
+			rs.MRopeSection = append(rs.MRopeSection, int(f))
+		}
+		rs.MRopeInterleaved = scal.boolOr(key("mrope_interleaved"), false, &err)
+	}
+	return rs, err
 }

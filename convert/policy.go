@@ -2,7 +2,6 @@ package convert
 
 import (
 	"fmt"
-	"log/slog"
 	"regexp"
 	"strings"
 
@@ -53,35 +52,79 @@ var (
 // Choose returns the format for a tensor and why. tiedEmbed says the tensor
 // is the token embedding that also serves as the output head.
 func (p *Policy) Choose(name string, shape []int, tiedEmbed bool) (quant.DType, string) {
+	d, why, _ := p.choose(name, shape, tiedEmbed)
+	return d, why
+}
+
+// Fallback is a tensor stored in another format than the one asked for
+// (--quant or a --keep rule) because that format cannot hold its shape.
+type Fallback struct {
+	Tensor        string
+	Shape         []int
+	Asked, Stored quant.DType
+	Reason        string // why Asked cannot hold the shape
+}
+
+// choose is Choose, also returning the fallback when the format asked for
+// could not be used.
+func (p *Policy) choose(name string, shape []int, tiedEmbed bool) (quant.DType, string, *Fallback) {
+	var fb *Fallback
 	for _, r := range p.Keep {
 		if r.Pattern.MatchString(name) {
-			if _, err := quant.ExpectedBytes(r.DType, shape); err == nil {
-				return r.DType, "--keep " + r.Pattern.String()
+			_, err := quant.ExpectedBytes(r.DType, shape)
+			if err == nil {
+				return r.DType, "--keep " + r.Pattern.String(), nil
 			}
-			slog.Warn("--keep rule cannot apply: the format cannot hold the shape; the built-in policy decides", "tensor", name, "format", r.DType, "shape", shape)
+			fb = &Fallback{Tensor: name, Shape: shape, Asked: r.DType, Reason: shapeReason(err)}
 			break
 		}
 	}
+	d, why, dfb := p.builtin(name, shape, tiedEmbed)
+	if fb == nil {
+		fb = dfb
+	}
+	if fb != nil {
+		fb.Stored = d
+	}
+	return d, why, fb
+}
+
+// builtin is the policy without --keep rules.
+func (p *Policy) builtin(name string, shape []int, tiedEmbed bool) (quant.DType, string, *Fallback) {
 	if len(shape) < 2 {
-		return quant.F32, "vectors (norms, biases, decay and gate parameters) stay f32"
+		return quant.F32, "vectors (norms, biases, decay and gate parameters) stay f32", nil
 	}
 	if reVectorish.MatchString(name) {
-		return quant.F32, "conv and decay parameters stay f32"
+		return quant.F32, "conv and decay parameters stay f32", nil
 	}
 	if reRouter.MatchString(name) {
-		return quant.F32, "router and shared-expert gate stay f32: they pick experts and are tiny"
+		return quant.F32, "router and shared-expert gate stay f32: they pick experts and are tiny", nil
 	}
 	d := p.Default
 	if !d.Quantized() {
-		return d, "default"
+		return d, "default", nil
 	}
 	if d == quant.Q4TP && (reHead.MatchString(name) || tiedEmbed) {
-		return quant.Q8Row, "the output head is the most error-sensitive matvec: q8_row under a 4-bit default"
+		return quant.Q8Row, "the output head is the most error-sensitive matvec: q8_row under a 4-bit default", nil
 	}
 	if _, err := quant.ExpectedBytes(d, shape); err != nil {
-		return quant.Q8Row, fmt.Sprintf("%s cannot hold %v: q8_row instead", d, shape)
+		return quant.Q8Row, fmt.Sprintf("%s cannot hold %v: q8_row instead", d, shape),
+			&Fallback{Tensor: name, Shape: shape, Asked: d, Reason: shapeReason(err)}
 	}
-	return d, "default"
+	return d, "default", nil
+}
+
+// shapeReason turns quant's "shape not supported" error into the reason
+// alone: "q4tp needs a matrix with a multiple of 32 columns".
+func shapeReason(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		s = s[i+2:]
+	}
+	if i := strings.Index(s, ", got "); i >= 0 {
+		s = s[:i]
+	}
+	return s
 }
 
 // Record describes the policy for the CMF header.

@@ -26,6 +26,15 @@ type Options struct {
 	// Open fails).
 	Device    backend.Device
 	OwnDevice bool
+	// NoVerify skips hashing the weights at open (see cmf.OpenOptions);
+	// by default they are verified once per file identity.
+	NoVerify bool
+	// Hybrid models (snapshots.go): a snapshot of the linear-attention
+	// state every SnapshotInterval prefill tokens (0: 256, < 0: only at
+	// the end of prompts and replies), kept in an LRU of SnapshotBudget
+	// bytes (0: 1 GiB).
+	SnapshotInterval int
+	SnapshotBudget   int64
 }
 
 // Engine is an open model with its tokenizer and chat template.
@@ -38,11 +47,12 @@ type Engine struct {
 
 	dev    backend.Device
 	ownDev bool
+	snaps  snapStore
 }
 
 // Open maps a CMF file and builds the runnable model and tokenizer.
 func Open(path string, opt Options) (*Engine, error) {
-	f, err := cmf.Open(path)
+	f, err := cmf.OpenWith(path, cmf.OpenOptions{NoVerify: opt.NoVerify})
 	if err != nil {
 		if opt.OwnDevice && opt.Device != nil {
 			opt.Device.Close()
@@ -62,6 +72,13 @@ func Open(path string, opt Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{File: f, Model: m, dev: dev, ownDev: own}
+	e.snaps.interval, e.snaps.budget = opt.SnapshotInterval, opt.SnapshotBudget
+	if e.snaps.interval == 0 {
+		e.snaps.interval = DefaultSnapshotInterval
+	}
+	if e.snaps.budget <= 0 {
+		e.snaps.budget = DefaultSnapshotBudget
+	}
 	if tc := f.Header.TokenizerConfig; tc != nil {
 		if e.Tok, err = LoadTokenizer(f); err != nil {
 			e.Close()
@@ -101,7 +118,11 @@ func (e *Engine) Close() {
 // HasTemplate reports whether the model carries a usable chat template.
 func (e *Engine) HasTemplate() bool { return e.tmpl != nil }
 
-// RenderChat renders messages with the model's chat template.
+// RenderChat renders messages with the model's chat template. Unless the
+// caller sets opt.Limits.MaxBytes (chat.BytesPerToken × the context it
+// will use), what the template adds to the conversation is bounded by
+// chat.BytesPerToken × the model's trained context; a template stopped by
+// a limit returns an error matching chat.ErrLimit that names the template.
 func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
 	if e.tmpl == nil {
 		return "", errors.New("engine: the model has no chat template")
@@ -114,7 +135,16 @@ func (e *Engine) RenderChat(msgs []chat.Message, opt chat.Options) (string, erro
 			opt.EOSToken = tc.EOSToken
 		}
 	}
-	return e.tmpl.Render(msgs, opt)
+	if opt.Limits.MaxBytes <= 0 {
+		if mp := e.File.Header.Arch.MaxPositionEmbeddings; mp > 0 {
+			opt.Limits.MaxBytes = chat.BytesPerToken * max(mp, 4096)
+		}
+	}
+	out, err := e.tmpl.Render(msgs, opt)
+	if err != nil {
+		return "", fmt.Errorf("engine: the model's chat template: %w", err)
+	}
+	return out, nil
 }
 
 // Encode tokenizes text; special tokens written in the text are parsed
@@ -140,6 +170,7 @@ type Session struct {
 	e     *Engine
 	cache *model.Cache
 	ids   []int
+	marks []int // hybrid models: extra snapshot positions of the next Prefill
 }
 
 // NewSession allocates a cache for ctxLen tokens.
@@ -157,12 +188,25 @@ func (s *Session) Cache() *model.Cache { return s.cache }
 // Tokens returns the tokens currently in the cache.
 func (s *Session) Tokens() []int { return s.ids }
 
-// Close returns the session's state to the device; the session must not
-// be used after.
-func (s *Session) Close() { s.cache.Close() }
+// Close drops a hybrid session's snapshots from the engine's store and
+// returns the session's state to the device; the session must not be used
+// after.
+func (s *Session) Close() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Close()
+}
 
-// Reset empties the session.
-func (s *Session) Reset() { s.cache.Reset(); s.ids = s.ids[:0] }
+// Reset empties the session (and drops a hybrid session's snapshots:
+// its positions are about to be rewritten).
+func (s *Session) Reset() {
+	if s.e.Model.HasState() {
+		s.e.snaps.drop(s, -1)
+	}
+	s.cache.Reset()
+	s.ids = s.ids[:0]
+}
 
 // GenOptions tune Generate.
 type GenOptions struct {
@@ -212,6 +256,10 @@ func (s *Session) Prefill(prompt []int) ([]float32, int, error) {
 	for keep < len(s.ids) && keep < len(prompt)-1 && s.ids[keep] == prompt[keep] {
 		keep++
 	}
+	if s.e.Model.HasState() {
+		// Hybrid: resume from a snapshot inside the common prefix.
+		return s.prefillState(prompt, keep)
+	}
 	if err := s.cache.Truncate(keep); err != nil {
 		return nil, 0, err
 	}
@@ -235,6 +283,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 	}
 	res.CachedTokens = keep
 	res.PrefillTime = time.Since(t0)
+	if s.e.Model.HasState() {
+		// The end of the reply is the next turn's most likely resume point.
+		defer func() {
+			if err := s.e.snaps.take(s); err != nil {
+				slog.Warn("snapshot at the end of a reply failed", "err", err)
+			}
+		}()
+	}
 	sm, err := sample.New(opt.Sample)
 	if err != nil {
 		return nil, err

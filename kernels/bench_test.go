@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 					os.Exit(2)
 				}
 				useISA(l)
+				testBest = l
 				found = true
 			}
 		}

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"sync"
 
@@ -81,6 +82,31 @@ func useISA(l isaLevel) isaLevel {
 
 // ISA names the kernel set in use: "avx512", "avx2" or "generic".
 func ISA() string { return isa.String() }
+
+// SetISA installs the kernel set named ("generic", "avx2", "avx512") and
+// returns the name of the previous one, so that tests and tools can
+// compare the SIMD kernels with the plain Go ones on the same model. A set
+// the CPU lacks is an error. It must not run while kernels run.
+func SetISA(name string) (string, error) {
+	for l := isaGeneric; l <= isaAVX512; l++ {
+		if l.String() == name {
+			if l > bestISA() {
+				return ISA(), fmt.Errorf("kernels: this CPU cannot run the %s kernels (best: %s)", name, bestISA())
+			}
+			return useISA(l).String(), nil
+		}
+	}
+	return ISA(), fmt.Errorf("kernels: unknown kernel set %q (generic, avx2, avx512)", name)
+}
+
+// ISAs lists the kernel sets this CPU can run, plain Go first.
+func ISAs() []string {
+	var out []string
+	for l := isaGeneric; l <= bestISA(); l++ {
+		out = append(out, l.String())
+	}
+	return out
+}
 
 // kernelFor returns the kernels of a format, nil if there are none.
 func kernelFor(d quant.DType) *dtypeKernel {

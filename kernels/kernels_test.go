@@ -67,6 +67,7 @@ func absDot(c quant.Codec, m *Mat, r int, x []float32) float64 {
 // TestRowKernelsMatchReference compares every format's fast row dot (and
 // dot4 and decode) with the codec's plain DotRow/DecodeRow.
 func TestRowKernelsMatchReference(t *testing.T) {
+	skipMissingISAs(t)
 	for _, l := range isaLevels() {
 		withISA(t, l, func() { testRowKernels(t, l) })
 	}
@@ -530,6 +531,32 @@ func TestMatVecGroupEqualsMatVec(t *testing.T) {
 					t.Fatalf("%s matrix %d row %d: group %v, MatVec %v", d, i, j, ys[i][j], want[j])
 				}
 			}
+		}
+	}
+}
+
+// TestSetISA switches kernel sets by name and refuses unknown ones.
+func TestSetISA(t *testing.T) {
+	best := ISA()
+	sets := ISAs()
+	if sets[0] != "generic" || sets[len(sets)-1] != best {
+		t.Fatalf("ISAs() = %v with %s in use", sets, best)
+	}
+	for _, s := range sets {
+		prev, err := SetISA(s)
+		if err != nil || ISA() != s {
+			t.Fatalf("SetISA(%s): %v, ISA() = %s", s, err, ISA())
+		}
+		if _, err := SetISA(prev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := SetISA("neon"); err == nil || ISA() != best {
+		t.Fatalf("SetISA(neon): %v, ISA() = %s", err, ISA())
+	}
+	if best != "avx512" {
+		if _, err := SetISA("avx512"); err == nil {
+			t.Fatal("SetISA(avx512) on a CPU without it succeeded")
 		}
 	}
 }

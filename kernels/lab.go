@@ -8,26 +8,6 @@ import (
 // Hooks for the kernel lab (package lab): alternative dispatches of the
 // decode matvecs over the same weights, timed against the production path.
 
-// ISAs lists the kernel sets this CPU can run, best first.
-func ISAs() []string {
-	var s []string
-	for l := bestISA(); l >= isaGeneric; l-- {
-		s = append(s, l.String())
-	}
-	return s
-}
-
-// SetISA installs the named kernel set (one of ISAs) and returns the name
-// of the previous one. It must not run concurrently with any kernel.
-func SetISA(name string) (string, error) {
-	for l := bestISA(); l >= isaGeneric; l-- {
-		if l.String() == name {
-			return useISA(l).String(), nil
-		}
-	}
-	return "", fmt.Errorf("kernels: kernel set %q is not supported by this CPU (have %v)", name, ISAs())
-}
-
 // MatVecGroup computes ys[i] = ms[i]·x for matrices that share their input
 // (q|k|v, gate|up) in ONE pool dispatch over their rows together, instead
 // of one dispatch each: the merged-launch variant. The matrices must have

@@ -11,6 +11,7 @@ import (
 // every ISA level with the plain Go ones (and SiLUMul with float64) on
 // odd lengths, unaligned slices and extreme values.
 func TestOpsMatchReference(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(23, 24))
 	for _, l := range isaLevels() {
 		withISA(t, l, func() {
@@ -99,6 +100,7 @@ func BenchmarkOps(b *testing.B) {
 var sinkF float32
 
 func TestStreamRead(t *testing.T) {
+	skipMissingISAs(t)
 	for _, l := range isaLevels() {
 		withISA(t, l, func() {
 			for _, n := range []int{0, 1, 255, 256, 257, 4096 + 17} {

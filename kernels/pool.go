@@ -48,8 +48,9 @@ type Pool struct {
 	xc       []float32   // q8_2f: inputs times the column field
 	qb       qbatch      // int8 inputs of the quantized formats
 
-	mv matvecTask
-	mm matmulTask
+	mv  matvecTask
+	mm  matmulTask
+	mvs matvecsTask
 }
 
 type poolWorker struct {

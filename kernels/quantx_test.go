@@ -11,13 +11,36 @@ import (
 	"github.com/cortiq/cortiq/quant"
 )
 
-// isaLevels returns the kernel sets this CPU can run, generic first.
+// testBest is the best kernel set the tests compare: the CPU's, or the
+// one -isa names (go test ./kernels -args -isa=generic runs as on a CPU
+// without SIMD, skipping the SIMD comparisons by name).
+var testBest = bestISA()
+
+// isaLevels returns the kernel sets the tests run, generic first.
 func isaLevels() []isaLevel {
 	var ls []isaLevel
-	for l := isaGeneric; l <= bestISA(); l++ {
+	for l := isaGeneric; l <= testBest; l++ {
 		ls = append(ls, l)
 	}
 	return ls
+}
+
+// isaNeeds says what each SIMD kernel set needs of the CPU.
+var isaNeeds = map[isaLevel]string{isaAVX2: "AVX2, FMA and F16C", isaAVX512: "AVX-512 F/BW/DQ/VL, VNNI and GFNI"}
+
+// skipMissingISAs adds a skipped subtest, named for the kernel set, for
+// each set this CPU cannot run, so that a test comparing the SIMD kernels
+// with the reference says what it did not compare instead of passing.
+func skipMissingISAs(t *testing.T) {
+	t.Helper()
+	for l := testBest + 1; l <= isaAVX512; l++ {
+		t.Run(l.String(), func(t *testing.T) {
+			if l <= bestISA() {
+				t.Skipf("-isa=%s: the %s kernels are not compared with the reference", testBest, l)
+			}
+			t.Skipf("this CPU lacks %s: the %s kernels are not compared with the reference", isaNeeds[l], l)
+		})
+	}
 }
 
 // withISA runs f with the kernels of level l installed.
@@ -64,6 +87,7 @@ func edgeVecs(r *rand.Rand, n int) map[string][]float32 {
 }
 
 func TestQuantizeMatchesReference(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, l := range isaLevels() {
 		for _, lay := range []qlayout{qPlain, qNib} {
@@ -229,6 +253,7 @@ func checkIntKernels(t *testing.T, m *Mat, x []float32) {
 }
 
 func TestIntKernelsMatchReference(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, d := range intFormats {
 		sh := [][2]int{{1, 32}, {3, 64}, {4, 96}, {5, 32}, {13, 256}, {9, 160}, {8, 2048}, {6, 224}}
@@ -286,6 +311,7 @@ func rawMat(t *testing.T, r *rand.Rand, d quant.DType, rows, cols int, fill func
 // TestIntKernelsExtremes runs the int8 kernels on extreme stored values:
 // all ±127/-128 quants, all-0 and all-15 nibbles, huge and tiny scales.
 func TestIntKernelsExtremes(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(11, 12))
 	rnd := func(int) byte { return byte(r.Uint32()) }
 	cases := []struct {
@@ -360,6 +386,7 @@ func TestQuantErrorRelative(t *testing.T) {
 // TestDispatch forces each kernel set through the public entry points
 // (MatVec, MatMul) and compares with the generic one.
 func TestDispatch(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(15, 16))
 	p := NewPool(2)
 	defer p.Close()
@@ -436,6 +463,7 @@ func TestMatMulTiles(t *testing.T) {
 // TestDot4f compares MatMul's inner kernel in use with the plain dot4 on
 // contiguous rows (the assembly path) and on separate ones (its fallback).
 func TestDot4f(t *testing.T) {
+	skipMissingISAs(t)
 	for _, l := range isaLevels() {
 		withISA(t, l, func() { testDot4f(t) })
 	}
@@ -469,6 +497,7 @@ func testDot4f(t *testing.T) {
 // 0; the others 0), dotted with one-hot inputs, returns -8·127 times rung
 // g times the input's scale, with no other rounding.
 func TestQ4TPLadder(t *testing.T) {
+	skipMissingISAs(t)
 	r := rand.New(rand.NewPCG(21, 22))
 	const gpr = 32
 	for trial := range 200 {
@@ -523,6 +552,9 @@ func FuzzIntKernels(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 250, 0x80, 0x7f, 9, 0x3c}, uint8(5), uint8(3), false)
 	f.Add([]byte{0xff, 0, 0x55, 0xaa}, uint8(1), uint8(1), true)
 	f.Add([]byte("q4tp rows of groups"), uint8(17), uint8(9), true)
+	if testBest == isaGeneric {
+		f.Skip("this CPU runs only the generic kernels: no SIMD kernel to compare with the reference")
+	}
 	f.Fuzz(func(t *testing.T, data []byte, rows, width uint8, q4 bool) {
 		if len(data) == 0 {
 			return

@@ -114,9 +114,8 @@ func CPUVariants(pool, single *kernels.Pool) []Variant {
 			}
 		}
 	}
-	isas := kernels.ISAs()
 	vs := []Variant{
-		{Name: "prod", Doc: "production: one pool dispatch per tensor, kernel set " + isas[0], run: prod(pool)},
+		{Name: "prod", Doc: "production: one pool dispatch per tensor, kernel set " + kernels.ISA(), run: prod(pool)},
 		{Name: "merged", Doc: "q|k|v and gate|up as one pool dispatch over their rows", run: func(g Group, x []float32, ys [][]float32) {
 			ms := make([]*kernels.Mat, len(g))
 			for i, t := range g {
@@ -125,7 +124,10 @@ func CPUVariants(pool, single *kernels.Pool) []Variant {
 			pool.MatVecGroup(ms, x, ys[:len(g)])
 		}},
 	}
-	for _, isa := range isas[1:] {
+	for _, isa := range slices.Backward(kernels.ISAs()) {
+		if isa == kernels.ISA() {
+			continue
+		}
 		var prev string
 		tol := 1e-5 // the same int8 activations with another instruction set
 		if isa == "generic" {

@@ -17,6 +17,7 @@ import (
 type family struct {
 	name     string
 	features func(a *cmf.Arch) (features, error)
+	hybrid   bool // MoE and/or linear-attention layers: hybrid.go
 }
 
 // features are the optional parts of the Llama-lineage decoder.
@@ -68,6 +69,7 @@ type Model struct {
 	batch int
 	spec  backend.SeqSpec
 	w     weights
+	hy    []hyLayer         // hybrid models (hybrid.go): the layers; w.layers is empty
 	step  func(backend.Ops) // one step of the network over a batch's rows
 }
 
@@ -90,7 +92,11 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	cfg, err := newConfig(&a, f)
+	newCfg := newConfig
+	if fam.hybrid {
+		newCfg = newHybridConfig
+	}
+	cfg, err := newCfg(&a, f)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
@@ -104,12 +110,17 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	w := loadWeights(ld, &cfg, rope)
+	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, batch: opt.Batch}
+	if fam.hybrid {
+		md.w, md.hy = loadHybrid(ld, &cfg, &a, rope)
+		md.spec, md.step = hybridSpec(&cfg, &a), md.hybridStep
+	} else {
+		md.w = loadWeights(ld, &cfg, rope)
+		md.spec, md.step = cfg.seqSpec(), md.decoderStep
+	}
 	if ld.err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, ld.err)
 	}
-	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, w: w, batch: opt.Batch, spec: cfg.seqSpec()}
-	md.step = md.decoderStep
 	if md.batch <= 0 {
 		md.batch = 64
 	}

@@ -18,7 +18,7 @@ func init() { register(bf16Codec{}) }
 func (bf16Codec) DType() DType { return BF16 }
 
 func (bf16Codec) EncodeRows(dst []byte, w []float32, rows, cols, r0 int, _ *EncodeOptions) error {
-	if _, err := checkRows(F16, dst, w, rows, cols, r0); err != nil {
+	if _, err := checkRows(BF16, dst, w, rows, cols, r0); err != nil {
 		return err
 	}
 	out := dst[r0*cols*2:]

@@ -77,6 +77,16 @@ func FuzzEncode(f *testing.F) {
 	f.Add(byte(4), byte(3), uint16(7), []byte{0, 0, 0x80, 0x7f, 0, 0, 0, 0})
 	f.Add(byte(3), byte(1), uint16(40), []byte{0xff, 0xff, 0x7f, 0x7f})
 	f.Add(byte(5), byte(1), uint16(32), []byte{0x01, 0, 0, 0, 0, 0, 0x80, 0x3f})
+	// Magnitudes at the ends of the float32 range (issue 8: q8_2f panicked
+	// on values near 3e38; q4tp stored rows near 1e30 as garbage).
+	f.Add(byte(4), byte(2), uint16(3), []byte{0xe6, 0xb1, 0x61, 0x7f, 0xf8, 0x2b, 0x5a, 0xff})
+	f.Add(byte(4), byte(3), uint16(5), []byte{0xff, 0xff, 0x7f, 0x7f, 0xc2, 0x16, 0x01, 0x00, 0xe6, 0xb1, 0x61, 0xff, 0x00, 0x00, 0x00, 0x3f})
+	f.Add(byte(4), byte(2), uint16(4), []byte{0xec, 0x78, 0xad, 0x60, 0x08, 0xe5, 0x3c, 0x9e, 0xec, 0x39, 0x04, 0x1e, 0x01, 0x00, 0x00, 0x00})
+	f.Add(byte(5), byte(2), uint16(64), []byte{0xca, 0xf2, 0x49, 0x71, 0xe9, 0xc0, 0x35, 0xf1, 0x60, 0x42, 0xa2, 0x0d, 0x0d, 0xb6, 0xc2, 0x0c})
+	f.Add(byte(5), byte(1), uint16(32), []byte{0xee, 0xe3, 0x6c, 0x00, 0xf7, 0x71, 0x36, 0x80, 0xc2, 0x16, 0x01, 0x00})
+	f.Add(byte(3), byte(2), uint16(9), []byte{0x01, 0x00, 0x00, 0x00, 0x00, 0x24, 0xf4, 0x4a, 0x95, 0xbf, 0xd6, 0xb3})
+	f.Add(byte(2), byte(1), uint16(6), []byte{0x9e, 0xc9, 0x7f, 0x7f, 0xe0, 0x1b, 0x00, 0x00, 0x00, 0x00, 0xc0, 0x7f})
+	f.Add(byte(1), byte(1), uint16(6), []byte{0x00, 0xf0, 0x7f, 0x47, 0x77, 0xcc, 0x2b, 0x32, 0x00, 0x00, 0x80, 0xff})
 	f.Fuzz(func(t *testing.T, db, rb byte, cb uint16, data []byte) {
 		d, rows, cols := fuzzShape(db, rb, cb)
 		if d == Q4TP {
@@ -107,6 +117,30 @@ func FuzzEncode(f *testing.F) {
 		for i, v := range got {
 			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 				t.Fatalf("%s %v: finite weight %g decodes to %v", d, shape, w[i], v)
+			}
+		}
+		// What encodes decodes close to the input: within the format's
+		// error relative to the row's largest magnitude (the tensor's for
+		// q8_2f, whose f16 row scales cannot span rows 2^40 apart), plus
+		// the floor below which the format stores zeros (issue 8: q4tp
+		// rows near 1e30 decoded as nibbles times 1).
+		rel, abs := extremeTol(d)
+		var tmax float64
+		for _, x := range w {
+			tmax = max(tmax, math.Abs(float64(x)))
+		}
+		for o := range rows {
+			amax := tmax
+			if d != Q82F {
+				amax = 0
+				for _, x := range w[o*cols : (o+1)*cols] {
+					amax = max(amax, math.Abs(float64(x)))
+				}
+			}
+			for i := o * cols; i < (o+1)*cols; i++ {
+				if e := math.Abs(float64(got[i]) - float64(w[i])); e > rel*amax+abs {
+					t.Fatalf("%s %v: [%d,%d] %g decodes to %g, error %.3g of the max %g", d, shape, o, i-o*cols, w[i], got[i], e/amax, amax)
+				}
 			}
 		}
 	})

@@ -258,9 +258,75 @@ func q4tpGroupQuant(q []int8, w []float32, s float32) {
 	}
 }
 
+// q4tpPlainLog2 bounds the row magnitudes (log2 of the largest |w|) that
+// the encoder searches as they are: beyond it the float32 error sums would
+// overflow or vanish, so such a row is searched scaled by a power of two.
+const q4tpPlainLog2 = 40
+
 // encodeRow quantizes one row into e.q and e.best and returns the row's f16
-// ladder parameters (a, b).
+// ladder parameters (a, b). |w| must be below q4tpMaxWeight.
+//
+// A row whose largest magnitude lies outside [2^-40, 2^40] is searched as
+// w·2^-s (exact: a power of two) with s its binary exponent, groups below
+// the format's 2^-100 floor zeroed first; the ladder bottom then moves by s
+// and the nibbles are rounded again against the ladder actually stored
+// (whose f16 bottom is rounded), with the codes kept.
 func (e *q4tpEncoder) encodeRow(w []float32) (ah, bh uint16) {
+	var amax float64
+	for _, v := range w {
+		amax = max(amax, math.Abs(float64(v)))
+	}
+	if amax == 0 {
+		return e.encodeScaledRow(w)
+	}
+	_, ex := math.Frexp(amax)
+	sh := ex - 1 // amax in [2^sh, 2^(sh+1))
+	if sh >= -q4tpPlainLog2 && sh < q4tpPlainLog2 {
+		return e.encodeScaledRow(w)
+	}
+	ws := make([]float32, len(w))
+	for g := range e.gpr {
+		gw := w[g*GroupSize : (g+1)*GroupSize]
+		var gmax float64
+		for _, v := range gw {
+			gmax = max(gmax, math.Abs(float64(v)))
+		}
+		if math.Log2(gmax) < q4tpMinLog2 {
+			continue // stored as zeros, like a zero group
+		}
+		for i, v := range gw {
+			ws[g*GroupSize+i] = float32(math.Ldexp(float64(v), -sh))
+		}
+	}
+	ah, bh = e.encodeScaledRow(ws)
+	if allNaN(e.t) {
+		return 0, 0
+	}
+	ah = half.F32ToF16(half.F16ToF32(ah) + float32(sh))
+	q4tpLadder(&e.lad, ah, bh)
+	for g := range e.gpr {
+		q := e.q[g*GroupSize : (g+1)*GroupSize]
+		if math.IsNaN(e.t[g]) {
+			clear(q)
+			continue
+		}
+		q4tpGroupQuant(q, w[g*GroupSize:], e.lad[e.best[g]])
+	}
+	return ah, bh
+}
+
+func allNaN(v []float64) bool {
+	for _, x := range v {
+		if !math.IsNaN(x) {
+			return false
+		}
+	}
+	return true
+}
+
+// encodeScaledRow is encodeRow for a row whose magnitudes the float32
+// search handles directly.
+func (e *q4tpEncoder) encodeScaledRow(w []float32) (ah, bh uint16) {
 	// Starting scale of every group: the one that maps its largest weight
 	// onto the end of the -8..7 range on its side, a little tighter for a
 	// positive maximum, where clipping it slightly usually pays off.

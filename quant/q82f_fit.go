@@ -46,7 +46,7 @@ func FitColumns(w []float32, rows, cols int, stats []float32) []float32 {
 	colmax := make([]float64, cols)
 	for o := range rows {
 		for i, v := range w[o*cols : (o+1)*cols] {
-			if a := math.Abs(float64(v)); a > colmax[i] && !math.IsInf(a, 0) {
+			if a := math.Abs(float64(v)); a > colmax[i] && !math.IsInf(a, 0) { // NaN compares false
 				colmax[i] = a
 			}
 		}
@@ -84,7 +84,11 @@ func FitColumns(w []float32, rows, cols int, stats []float32) []float32 {
 			copy(ew[k*cols:(k+1)*cols], w[o*cols:(o+1)*cols])
 		}
 	}
-	var best []float64
+	// The column absmax is the fallback: when no candidate has a finite
+	// error (row scales beyond f16 whatever the field, or non-finite
+	// weights, which the codec then refuses) it is the field that keeps
+	// every W/col within [-1, 1].
+	best := colmax
 	bestErr := math.Inf(1)
 	for _, c := range [][]float64{ones, sq, colmax, raw, fitted} {
 		c32 := normaliseCols(ew, erows, cols, c, colmax)
@@ -158,7 +162,9 @@ func normaliseCols(w []float32, rows, cols int, c, colmax []float64) []float32 {
 	}
 	// Keep rs within [2^-14, 2^14] when possible, preferring no overflow.
 	if lmin < -14 {
-		shift += math.Floor(lmin) + 14
+		d := math.Floor(lmin) + 14
+		shift += d
+		lmax -= d // every row scale moved up by -d
 	}
 	if lmax > 14 {
 		shift += math.Ceil(lmax) - 14
@@ -169,7 +175,9 @@ func normaliseCols(w []float32, rows, cols int, c, colmax []float64) []float32 {
 			out[i] = 1
 			continue
 		}
-		l := min(max(math.Log2(v)+shift, -100), 100)
+		// Within the normal float32 range: a column of weights near 3e38
+		// needs a field near 2^(128-14-7) to keep its row scales in f16.
+		l := min(max(math.Log2(v)+shift, -126), 127)
 		out[i] = float32(math.Exp2(l))
 	}
 	return out

@@ -731,3 +731,15 @@ func FuzzSample(f *testing.F) {
 		}
 	})
 }
+
+// TestDefaultsValid checks that the shared defaults pass validation and
+// actually sample (not greedy), with the documented values.
+func TestDefaultsValid(t *testing.T) {
+	p := Defaults()
+	if p.Temperature != 0.8 || p.TopK != 40 || p.TopP != 0.95 || p.MinP != 0.05 || p.RepeatPenalty != 1 || p.RepeatLastN != 64 {
+		t.Fatalf("Defaults() = %+v", p)
+	}
+	if err := p.validate(); err != nil {
+		t.Fatal(err)
+	}
+}

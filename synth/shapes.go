@@ -69,13 +69,42 @@ var Shapes = map[string]func() cmf.Arch{
 		a.MoE.NumExperts, a.MoE.NumExpertsPerTok, a.MoE.MoEIntermediateSize = 4, 2, 32
 		return a
 	},
-	"tiny_qwen3_next": func() cmf.Arch {
-		a := qwen3Next80B()
-		a.HiddenSize, a.NumLayers, a.LayerTypes, a.NumAttentionHeads, a.NumKVHeads, a.HeadDim, a.VocabSize = 64, 4, layers(4, 4), 4, 2, 32, 300
-		a.MoE.NumExperts, a.MoE.NumExpertsPerTok, a.MoE.MoEIntermediateSize, a.MoE.SharedExpertIntermediateSize = 4, 2, 32, 32
-		a.LinearNumKeyHeads, a.LinearNumValueHeads, a.LinearKeyHeadDim, a.LinearValueHeadDim = 2, 4, 16, 16
+	"tiny_qwen3_next": tinyNext,
+	"tiny_qwen3_5": func() cmf.Arch {
+		a := tinyNext()
+		a.ArchName, a.MoE, a.IntermediateSize, a.LinearCore.Projection = "qwen3_5", nil, 96, "split"
 		return a
 	},
+	"tiny_qwen3_5_moe": func() cmf.Arch {
+		a := tinyNext()
+		a.ArchName, a.LinearCore.Projection, a.IntermediateSize = "qwen3_5_moe", "split", 0
+		return a
+	},
+	// Small shapes for CPU speed checks (not published models): the
+	// 30B-A3B / 80B-A3B structure scaled down so that the experts (0.6 GB
+	// in q8_row) are far larger than the caches while one token reads
+	// ~0.1 GB.
+	"qwen3_moe_cpu": func() cmf.Arch {
+		a := qwen3MoE30B()
+		a.HiddenSize, a.NumLayers, a.LayerTypes, a.NumAttentionHeads, a.NumKVHeads, a.HeadDim, a.VocabSize = 1024, 8, layers(8, 0), 16, 4, 64, 8192
+		a.MoE.NumExperts, a.MoE.NumExpertsPerTok, a.MoE.MoEIntermediateSize = 32, 4, 768
+		return a
+	},
+	"qwen3_next_cpu": func() cmf.Arch {
+		a := qwen3Next80B()
+		a.HiddenSize, a.NumLayers, a.LayerTypes, a.NumAttentionHeads, a.NumKVHeads, a.HeadDim, a.VocabSize = 1024, 8, layers(8, 4), 8, 2, 128, 8192
+		a.MoE.NumExperts, a.MoE.NumExpertsPerTok, a.MoE.MoEIntermediateSize, a.MoE.SharedExpertIntermediateSize = 32, 4, 512, 512
+		a.LinearNumKeyHeads, a.LinearNumValueHeads, a.LinearKeyHeadDim, a.LinearValueHeadDim = 4, 8, 128, 128
+		return a
+	},
+}
+
+func tinyNext() cmf.Arch {
+	a := qwen3Next80B()
+	a.HiddenSize, a.NumLayers, a.LayerTypes, a.NumAttentionHeads, a.NumKVHeads, a.HeadDim, a.VocabSize = 64, 4, layers(4, 4), 4, 2, 32, 300
+	a.MoE.NumExperts, a.MoE.NumExpertsPerTok, a.MoE.MoEIntermediateSize, a.MoE.SharedExpertIntermediateSize = 4, 2, 32, 32
+	a.LinearNumKeyHeads, a.LinearNumValueHeads, a.LinearKeyHeadDim, a.LinearValueHeadDim = 2, 4, 16, 16
+	return a
 }
 
 func qwen3MoE30B() cmf.Arch {

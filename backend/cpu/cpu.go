@@ -24,8 +24,9 @@ type Device struct {
 	ownPool bool
 	obs     backend.Observer
 
-	mu   sync.Mutex
-	free []*state // run states not in use
+	mu     sync.Mutex
+	free   []*state // run states not in use
+	blocks blocks   // the kernels' views of MoE and DeltaNet weights
 }
 
 // New starts a CPU device with a pool of threads workers (0: the

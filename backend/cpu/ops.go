@@ -24,6 +24,9 @@ type state struct {
 	q, att     []float32 // (rows, heads·hd)
 	k, v       []float32 // (rows, kvHeads·hd)
 	hb, hb2    []float32 // (rows, I)
+	qg, gate   []float32 // gated attention: (rows, 2·heads·hd) q_proj output, (rows, heads·hd) gate
+	jobs       []kernels.MatVecJob
+	hy         hybridState
 	inv        []float32 // rope frequencies of a dynamic-scaling sequence
 	cos, sin   []float32 // (rows, rotary/2)
 	ropeOf     rope      // the rope cos/sin were computed for
@@ -172,10 +175,33 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	// xb = input_layernorm(x)
 	norm(xb, x, &w.Norm)
 	st.see(xb, T, H, w.Q, w.K, w.V)
-	// q, k, v = q_proj(xb), k_proj(xb), v_proj(xb)
-	pool.MatMul(matOf(w.Q).Mat, xb, T, q)
-	pool.MatMul(matOf(w.K).Mat, xb, T, k)
-	pool.MatMul(matOf(w.V).Mat, xb, T, v)
+	// q, k, v = q_proj(xb), k_proj(xb), v_proj(xb); a gated q_proj holds
+	// [q_j ; gate_j] per head.
+	var gate []float32
+	qout := q
+	if w.Gated {
+		qout, gate = grow(&st.qg, T*2*qd), grow(&st.gate, T*qd)
+	}
+	if T == 1 {
+		// One pool operation for the three products of a decode row.
+		st.jobs = append(st.jobs[:0], kernels.MatVecJob{M: matOf(w.Q).Mat, X: xb, Y: qout},
+			kernels.MatVecJob{M: matOf(w.K).Mat, X: xb, Y: k}, kernels.MatVecJob{M: matOf(w.V).Mat, X: xb, Y: v})
+		pool.MatVecs(st.jobs)
+	} else {
+		pool.MatMul(matOf(w.Q).Mat, xb, T, qout)
+		pool.MatMul(matOf(w.K).Mat, xb, T, k)
+		pool.MatMul(matOf(w.V).Mat, xb, T, v)
+	}
+	if w.Gated {
+		qg := qout
+		for t := range T {
+			for h := range w.Heads {
+				src := qg[t*2*qd+h*2*hd : t*2*qd+(h+1)*2*hd]
+				copy(q[t*qd+h*hd:t*qd+(h+1)*hd], src[:hd])
+				copy(gate[t*qd+h*hd:t*qd+(h+1)*hd], src[hd:])
+			}
+		}
+	}
 	addBias(q, w.BQ)
 	addBias(k, w.BK)
 	addBias(v, w.BV)
@@ -212,6 +238,10 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	st.attn = attnTask{st: st, w: w, l: layer, q: q, out: att}
 	pool.For(T*w.Heads, work, &st.attn)
 	st.attn = attnTask{}
+	// att = att ⊙ σ(gate) (gated attention)
+	for i, g := range gate {
+		att[i] *= 1 / (1 + kernels.Exp(-g))
+	}
 	// x = x + o_proj(att)
 	st.see(att, T, qd, w.O)
 	pool.MatMul(matOf(w.O).Mat, att, T, xb2)
@@ -266,8 +296,13 @@ func (st *state) MLP(w *backend.MLP) {
 	norm(xb, x, &w.Norm)
 	// x = x + down_proj(silu(gate_proj(xb)) * up_proj(xb))
 	st.see(xb, T, H, w.Gate, w.Up)
-	pool.MatMul(matOf(w.Gate).Mat, xb, T, hb)
-	pool.MatMul(matOf(w.Up).Mat, xb, T, hb2)
+	if T == 1 {
+		st.jobs = append(st.jobs[:0], kernels.MatVecJob{M: matOf(w.Gate).Mat, X: xb, Y: hb}, kernels.MatVecJob{M: matOf(w.Up).Mat, X: xb, Y: hb2})
+		pool.MatVecs(st.jobs)
+	} else {
+		pool.MatMul(matOf(w.Gate).Mat, xb, T, hb)
+		pool.MatMul(matOf(w.Up).Mat, xb, T, hb2)
+	}
 	addBias(hb, w.BGate)
 	addBias(hb2, w.BUp)
 	kernels.SiLUMul(hb, hb2)

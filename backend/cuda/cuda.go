@@ -325,6 +325,9 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 	if ctx <= 0 || ctx > d.opt.Ctx {
 		return nil, fmt.Errorf("cuda: context %d outside 1..%d (the K/V pool was sized at Open)", ctx, d.opt.Ctx)
 	}
+	if len(spec.DeltaNet) > 0 {
+		return nil, fmt.Errorf("cuda: linear-attention (Gated DeltaNet) state: %w", backend.ErrUnsupported)
+	}
 	if d.spec == nil {
 		if err := d.allocKV(spec); err != nil {
 			return nil, err

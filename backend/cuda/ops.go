@@ -323,6 +323,10 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	if st.err != nil {
 		return
 	}
+	if w.Gated {
+		st.fail(fmt.Errorf("cuda: gated attention (layer %d): %w", layer, backend.ErrUnsupported))
+		return
+	}
 	d, R, H, hd := st.d, st.rows, st.H, w.HeadDim
 	M := d.opt.MaxRows
 	nq, nkv := w.Heads, w.KVHeads

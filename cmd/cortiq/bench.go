@@ -15,14 +15,18 @@ func init() { commands = append(commands, newBench) }
 
 func newBench() *cobra.Command {
 	var p, n, r, threads int
-	var asJSON, md, noProbe bool
+	var asJSON, md, noProbe, noVerify bool
 	var probeMB int
 	var device string
+	var path string
 	c := &cobra.Command{
 		Use:   "bench MODEL [MODEL...]",
 		Short: "llama-bench-like speed table (pp, tg tok/s ± sd) with the machine's read bandwidth measured in the same run",
-		Args:  cobra.MinimumNArgs(1),
+		Args:  modelArgs(&path, -1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if path != "" {
+				args = append([]string{path}, args...)
+			}
 			if probeMB < 16 || probeMB > 1<<20 {
 				return fmt.Errorf("bench: --probe-mb %d: want 16 to 1048576", probeMB)
 			}
@@ -32,6 +36,7 @@ func newBench() *cobra.Command {
 			if threads <= 0 {
 				threads = runtime.GOMAXPROCS(0)
 			}
+			threads = clampThreads("--threads", threads, cmd.ErrOrStderr())
 			rep := &bench.Report{Threads: threads}
 			var prober *bench.Prober
 			if !noProbe {
@@ -43,8 +48,12 @@ func newBench() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true})
+				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true, NoVerify: noVerify})
 				if err != nil {
+					return err
+				}
+				if err := checkMemory(max(p, n+1, 16), e.Model.SessionBytes, noExtra, "bench: a context"); err != nil {
+					e.Close()
 					return err
 				}
 				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads}
@@ -69,6 +78,7 @@ func newBench() *cobra.Command {
 			return nil
 		},
 	}
+	addModelFlag(c, &path)
 	c.Flags().IntVarP(&p, "p", "p", 512, "prompt tokens of the pp test (0: skip)")
 	c.Flags().IntVarP(&n, "n", "n", 128, "generated tokens of the tg test (0: skip)")
 	c.Flags().IntVarP(&r, "r", "r", 3, "repetitions")
@@ -78,5 +88,6 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
 	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
 	addDeviceFlag(c, &device)
+	addNoVerify(c, &noVerify)
 	return c
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -26,23 +27,29 @@ func newChat() *cobra.Command {
 		Long: `Chat with a model: one line of input is one user turn. Commands: /reset clears the conversation,
 /system TEXT sets the system prompt, /exit quits. The conversation is re-rendered with the model's
 chat template every turn; the KV cache keeps the longest common prefix, so only new tokens are processed.`,
-		Args: cobra.ExactArgs(1),
+		Args: modelArgs(&mf.path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e, err := mf.open(args[0])
+			path, _ := splitModel(mf.path, args)
+			e, err := mf.open(cmd, path)
 			if err != nil {
 				return err
 			}
 			defer e.Close()
 			if !e.HasTemplate() {
-				return fmt.Errorf("chat: %s has no chat template; use cortiq run --raw", args[0])
+				return fmt.Errorf("chat: %s has no chat template; use cortiq run --raw", path)
 			}
-			s, err := e.NewSession(mf.ctxLen(e))
+			ctx := mf.ctxLen(e)
+			if cmd.Flags().Changed("max-tokens") && sf.n >= ctx {
+				return fmt.Errorf("chat: -n %d does not fit: a reply must leave room for the prompt in the %d-token context (raise --ctx or lower -n)", sf.n, ctx)
+			}
+			s, err := session(e, ctx, noExtra)
 			if err != nil {
 				return err
 			}
+			p := sf.params()
 			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			fmt.Fprintf(errOut, "cortiq chat: %s (%s), context %d tokens, KV cache %.1f MiB. /exit to quit.\n",
-				args[0], e.File.Header.Arch.ArchName, s.Cache().Cap(), float64(s.Cache().Bytes())/(1<<20))
+				path, e.File.Header.Arch.ArchName, s.Cache().Cap(), float64(s.Cache().Bytes())/(1<<20))
 			var msgs []chat.Message
 			reset := func() {
 				msgs = msgs[:0]
@@ -86,11 +93,15 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					msgs = msgs[:len(msgs)-1]
 					continue
 				}
+				if e.Model.HasState() {
+					markHistory(e, s, msgs, opt, prompt)
+				}
 				// Ctrl-C while the reply streams stops the reply, not the chat.
 				turn, stopTurn := context.WithCancel(cmd.Context())
 				hook := func() bool { stopTurn(); return true }
 				interruptHook.Store(&hook)
-				res, err := s.Generate(turn, prompt, engine.GenOptions{MaxTokens: sf.n, Sample: sf.p, Stop: sf.stops,
+				p.Seed++ // each turn its own draws, all from the one seed
+				res, err := s.Generate(turn, prompt, engine.GenOptions{MaxTokens: sf.n, Sample: p, Stop: sf.stops,
 					OnText: func(t string) error { _, err := fmt.Fprint(out, t); return err }})
 				interruptHook.Store(nil)
 				interrupted := turn.Err() != nil && cmd.Context().Err() == nil
@@ -108,14 +119,19 @@ chat template every turn; the KV cache keeps the longest common prefix, so only 
 					return err
 				}
 				fmt.Fprintln(out)
-				fmt.Fprintf(errOut, "[%d prompt tokens, %d reused from cache; prefill %.1f tok/s, decode %.2f tok/s; %s]\n",
-					res.PromptTokens, res.CachedTokens, res.PrefillRate(), res.DecodeRate(), res.Reason)
+				snaps := ""
+				if e.Model.HasState() {
+					n, b := e.SnapshotStats()
+					snaps = fmt.Sprintf("; %d state snapshots, %.1f MiB", n, float64(b)/(1<<20))
+				}
+				fmt.Fprintf(errOut, "[%d prompt tokens, %d reused from cache; prefill %.1f tok/s, decode %.2f tok/s; %s%s]\n",
+					res.PromptTokens, res.CachedTokens, res.PrefillRate(), res.DecodeRate(), res.Reason, snaps)
 				msgs = append(msgs, chat.Message{Role: "assistant", Content: res.Text})
 			}
 		},
 	}
 	mf.add(c)
-	sf.add(c, 0.7)
+	sf.add(c)
 	c.Flags().StringVar(&system, "system", "", "system prompt")
 	c.Flags().BoolVar(&noThink, "no-think", false, "enable_thinking=false for templates that support it (Qwen3)")
 	return c
@@ -152,4 +168,22 @@ func fitPrompt(e *engine.Engine, msgs *[]chat.Message, opt chat.Options, budget 
 		fmt.Fprintf(errOut, "[context full: dropping the oldest exchange (%d messages) from the conversation]\n", end-first)
 		*msgs = append((*msgs)[:first], (*msgs)[end:]...)
 	}
+}
+
+// markHistory asks a hybrid session to snapshot its state where the
+// conversation's messages end (the prompt without the generation prompt):
+// the next turn's prompt shares that prefix even when the template
+// rewrites the assistant turn after it (Qwen3 drops past think blocks), so
+// the next turn resumes there instead of prefilling everything.
+func markHistory(e *engine.Engine, s *engine.Session, msgs []chat.Message, opt chat.Options, prompt []int) {
+	opt.AddGenerationPrompt = false
+	text, err := e.RenderChat(msgs, opt)
+	if err != nil {
+		return
+	}
+	ids, err := e.Encode(text, true)
+	if err != nil || len(ids) >= len(prompt) || !slices.Equal(ids, prompt[:len(ids)]) {
+		return
+	}
+	s.SnapshotAt(len(ids))
 }

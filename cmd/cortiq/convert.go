@@ -2,17 +2,17 @@ package main
 
 import (
 	"fmt"
-	"log/slog"
-	"os"
+	"io"
+	"sort"
 	"strings"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/cortiq/cortiq/convert"
+	"github.com/cortiq/cortiq/progress"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/units"
 )
 
 func init() { commands = append(commands, newConvert) }
@@ -81,14 +81,17 @@ outputs rather than its weights are kept close; the statistics are stored in the
 					return fmt.Errorf("convert: --shard-size: %w", err)
 				}
 			}
-			opt.Progress = progress(cmd, "converting")
+			opt.Threads = clampThreads("--threads", threads, cmd.ErrOrStderr())
+			opt.Progress = progress.Bytes(cmd.ErrOrStderr(), "converting")
+			if opt.Calibrate != nil {
+				opt.Calibrate.Progress = progress.Count(cmd.ErrOrStderr(), "calibration", "tokens")
+			}
 			res, err := convert.Run(cmd.Context(), args[0], out, opt)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d tensors, %.3f GB from %.3f GB in %s (%.0f MB/s); formats %v\n",
-				strings.Join(res.Files, ", "), res.Tensors, float64(res.OutBytes)/1e9, float64(res.InBytes)/1e9,
-				res.Elapsed.Round(time.Millisecond), float64(res.InBytes)/1e6/res.Elapsed.Seconds(), res.DTypeCount)
+			warnFallbacks(cmd.ErrOrStderr(), res.Fallbacks)
+			printConvertSummary(cmd.OutOrStdout(), res)
 			return nil
 		},
 	}
@@ -103,30 +106,6 @@ outputs rather than its weights are kept close; the statistics are stored in the
 	c.Flags().StringVar(&calibMethod, "calib-method", convert.CalibGPTQ, "how calibration encodes q4tp: gptq (error feedback through the inputs' Gram matrices) or rms (error weighted by each input's RMS)")
 	c.Flags().StringVar(&calibMem, "calib-memory", "", "memory for GPTQ's Gram matrices at once, e.g. 8GiB (default 4GiB; less means more passes over the text)")
 	return c
-}
-
-// progress returns a progress callback: a bar with bytes, rate and ETA on a
-// terminal, a log line every 10% otherwise.
-func progress(cmd *cobra.Command, what string) func(done, total int64) {
-	if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		var bar *progressbar.ProgressBar
-		return func(done, total int64) {
-			if bar == nil {
-				bar = progressbar.DefaultBytes(total, what)
-			}
-			_ = bar.Set64(done)
-		}
-	}
-	next := int64(0)
-	return func(done, total int64) {
-		if total == 0 {
-			return
-		}
-		if pct := done * 100 / total; pct >= next || done == total {
-			slog.Info(what, "done_bytes", done, "total_bytes", total, "percent", pct)
-			next = pct/10*10 + 10
-		}
-	}
 }
 
 // parseBytes reads sizes like 4GB, 512MiB, 1000000.
@@ -148,4 +127,56 @@ func parseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q is out of range (1 MiB to 1 EiB)", s)
 	}
 	return int64(v), nil
+}
+
+// warnFallbacks prints one warning line per (asked, stored, reason) group
+// of tensors stored in another format than asked.
+func warnFallbacks(w io.Writer, fbs []convert.Fallback) {
+	type key struct {
+		asked, stored quant.DType
+		reason        string
+	}
+	var order []key
+	groups := map[key][]convert.Fallback{}
+	for _, f := range fbs {
+		k := key{f.Asked, f.Stored, f.Reason}
+		if groups[k] == nil {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], f)
+	}
+	for _, k := range order {
+		g := groups[k]
+		ex := fmt.Sprintf("%s %v", g[0].Tensor, g[0].Shape)
+		if len(g) > 1 {
+			ex += fmt.Sprintf(" and %d more", len(g)-1)
+		}
+		noun := "tensors"
+		if len(g) == 1 {
+			noun = "tensor"
+		}
+		warnf(w, "%d %s stored as %s instead of %s: %s (%s)", len(g), noun, k.stored, k.asked, k.reason, ex)
+	}
+}
+
+// printConvertSummary prints what was written and a table of the stored
+// formats.
+func printConvertSummary(w io.Writer, res *convert.Result) {
+	fmt.Fprintf(w, "wrote %s: %d tensors, %s from %s in %s (%s/s)\n",
+		strings.Join(res.Files, ", "), res.Tensors, units.Bytes(res.OutBytes), units.Bytes(res.InBytes),
+		res.Elapsed.Round(time.Millisecond), units.Bytes(int64(float64(res.InBytes)/max(res.Elapsed.Seconds(), 1e-9))))
+	names := make([]string, 0, len(res.DTypeCount))
+	for d := range res.DTypeCount {
+		names = append(names, d)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if bi, bj := res.DTypeBytes[names[i]], res.DTypeBytes[names[j]]; bi != bj {
+			return bi > bj
+		}
+		return names[i] < names[j]
+	})
+	fmt.Fprintf(w, "  %-8s %8s %12s\n", "format", "tensors", "bytes")
+	for _, d := range names {
+		fmt.Fprintf(w, "  %-8s %8d %12s\n", d, res.DTypeCount[d], units.Bytes(res.DTypeBytes[d]))
+	}
 }

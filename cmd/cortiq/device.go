@@ -11,6 +11,7 @@ import (
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/backend/cuda"
+	"github.com/cortiq/cortiq/progress"
 	"github.com/spf13/cobra"
 )
 
@@ -55,7 +56,8 @@ type deviceSize struct {
 // openCUDA opens CUDA device index. It returns an error wrapping
 // backend.ErrNoDevice with the reason when no usable GPU is there.
 var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
-	return cuda.Open(cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows, Graphs: true})
+	return cuda.Open(cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows, Graphs: true,
+		Progress: progress.Bytes(os.Stderr, "uploading weights")})
 }
 
 // openDevice opens the device spec names. auto falls back to the CPU and

@@ -16,13 +16,15 @@ import (
 func init() { commands = append(commands, newInspect) }
 
 func newInspect() *cobra.Command {
-	var asJSON bool
+	var asJSON, noVerify bool
+	var path string
 	c := &cobra.Command{
 		Use:   "inspect FILE",
-		Short: "Show a CMF file's header, architecture, tensors and sections",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show a CMF file's header, architecture, tensors and sections (--json: snake_case keys throughout)",
+		Args:  modelArgs(&path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := cmf.Open(args[0])
+			p, _ := splitModel(path, args)
+			m, err := openCMF(p, noVerify)
 			if err != nil {
 				return err
 			}
@@ -37,7 +39,9 @@ func newInspect() *cobra.Command {
 			return nil
 		},
 	}
+	addModelFlag(c, &path)
 	c.Flags().BoolVar(&asJSON, "json", false, "machine-readable output")
+	addNoVerify(c, &noVerify)
 	return c
 }
 
@@ -51,6 +55,15 @@ type tensorRow struct {
 	Offset        int64   `json:"offset"`
 }
 
+// sectionRow is cmf.SectionInfo with the report's key style.
+type sectionRow struct {
+	Name   string `json:"name"`
+	File   string `json:"file"`
+	Offset int64  `json:"offset"`
+	Size   int64  `json:"size"`
+	Hash   string `json:"hash"`
+}
+
 type dtypeTotal struct {
 	DType   string `json:"dtype"`
 	Tensors int    `json:"tensors"`
@@ -59,18 +72,21 @@ type dtypeTotal struct {
 }
 
 type report struct {
-	Path     string            `json:"path"`
-	Header   cmf.Header        `json:"header"`
-	Sections []cmf.SectionInfo `json:"sections"`
-	Tensors  []tensorRow       `json:"tensors"`
-	Totals   []dtypeTotal      `json:"totals"`
-	Params   int64             `json:"params"`
-	Bytes    int64             `json:"bytes"`
-	BPW      float64           `json:"bits_per_weight"`
+	Path     string       `json:"path"`
+	Header   cmf.Header   `json:"header"`
+	Sections []sectionRow `json:"sections"`
+	Tensors  []tensorRow  `json:"tensors"`
+	Totals   []dtypeTotal `json:"totals"`
+	Params   int64        `json:"params"`
+	Bytes    int64        `json:"bytes"`
+	BPW      float64      `json:"bits_per_weight"`
 }
 
 func inspectReport(m *cmf.Model) report {
-	r := report{Path: m.Path, Header: m.Header, Sections: m.Sections()}
+	r := report{Path: m.Path, Header: m.Header}
+	for _, s := range m.Sections() {
+		r.Sections = append(r.Sections, sectionRow{s.Name, s.File, s.Offset, s.Size, s.Hash})
+	}
 	tot := map[string]*dtypeTotal{}
 	var wParams, wBytes int64
 	for _, t := range m.Tensors {

@@ -38,7 +38,7 @@ head compares with production ("bitwise" or the worst |Δ|/rms; over its toleran
 					return fmt.Errorf("lab: --device %s: %w", device, err)
 				}
 			}
-			f, err := openCMF(args[0])
+			f, err := openCMF(args[0], false)
 			if err != nil {
 				return err
 			}

@@ -79,7 +79,7 @@ func newRoot() *cobra.Command {
 			if verbose {
 				level = slog.LevelDebug
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level})))
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")

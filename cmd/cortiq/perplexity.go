@@ -10,6 +10,7 @@ import (
 
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/model"
+	"github.com/cortiq/cortiq/progress"
 )
 
 func init() { commands = append(commands, newPerplexity) }
@@ -28,7 +29,7 @@ type PerplexityResult struct {
 // an empty cache (its first token replaced by BOS when the model adds one),
 // and only the second half of each chunk is scored, so every scored token
 // sees at least ctx/2 tokens of context.
-func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChunks int, progress func(done, total int)) (*PerplexityResult, error) {
+func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChunks int, report progress.Func) (*PerplexityResult, error) {
 	if ctx < 4 {
 		return nil, fmt.Errorf("perplexity: --ctx %d is too small", ctx)
 	}
@@ -39,7 +40,9 @@ func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChun
 	if n == 0 {
 		return nil, fmt.Errorf("perplexity: the text has %d tokens, fewer than one chunk of %d (lower --ctx)", len(tokens), ctx)
 	}
-	s, err := e.NewSession(ctx)
+	V := e.File.Header.Arch.VocabSize
+	s, err := session(e, ctx, func(n int) int64 { return int64(n) * int64(V) * 4 }) // the logits of every position
+
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +56,6 @@ func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChun
 			}
 		}
 	}
-	V := e.File.Header.Arch.VocabSize
 	first := ctx / 2
 	var sum, sum2 float64
 	count := 0
@@ -86,8 +88,8 @@ func perplexity(cx context.Context, e *engine.Engine, tokens []int, ctx, maxChun
 			sum2 += nll * nll
 			count++
 		}
-		if progress != nil {
-			progress(c+1, n)
+		if report != nil {
+			report(int64(c+1), int64(n))
 		}
 	}
 	mean := sum / float64(count)
@@ -103,8 +105,9 @@ func newPerplexity() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "perplexity MODEL --text FILE",
 		Short: "Sliding-window perplexity of a text file (llama.cpp's method: chunks of --ctx, second half scored)",
-		Args:  cobra.ExactArgs(1),
+		Args:  modelArgs(&mf.path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			path, _ := splitModel(mf.path, args)
 			if file == "" {
 				return fmt.Errorf("perplexity: --text FILE is required")
 			}
@@ -112,7 +115,7 @@ func newPerplexity() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			e, err := mf.open(args[0])
+			e, err := mf.open(cmd, path)
 			if err != nil {
 				return err
 			}
@@ -122,8 +125,7 @@ func newPerplexity() *cobra.Command {
 				return err
 			}
 			errOut := cmd.ErrOrStderr()
-			res, err := perplexity(cmd.Context(), e, tokens, mf.ctx, chunks, func(d, t int) { fmt.Fprintf(errOut, "\rchunk %d/%d", d, t) })
-			fmt.Fprintln(errOut)
+			res, err := perplexity(cmd.Context(), e, tokens, mf.ctx, chunks, progress.Count(errOut, "perplexity", "chunks"))
 			if err != nil {
 				return err
 			}

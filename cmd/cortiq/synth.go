@@ -2,12 +2,15 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/cortiq/cortiq/progress"
 	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/synth"
+	"github.com/cortiq/cortiq/units"
 )
 
 func init() { commands = append(commands, newSynth) }
@@ -32,7 +35,7 @@ func newSynth() *cobra.Command {
 			if err != nil || d == quant.U8 || d == quant.I32 {
 				return fmt.Errorf("synth: --quant %q: want one of f32, f16, bf16, q8_row, q8_2f, q4tp", qs)
 			}
-			opt := synth.Options{Seed: seed, Progress: progress(cmd, "writing")}
+			opt := synth.Options{Seed: seed, Progress: progress.Bytes(cmd.ErrOrStderr(), "writing")}
 			if shard != "" {
 				if opt.ShardBytes, err = parseBytes(shard); err != nil {
 					return fmt.Errorf("synth: --shard-size: %w", err)
@@ -42,8 +45,9 @@ func newSynth() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %v: %s %s, %.3f B params, %.3f GB in %s (%.0f MB/s)\n", res.Files, shape, d,
-				float64(res.Params)/1e9, float64(res.Bytes)/1e9, res.Elapsed.Round(time.Millisecond), float64(res.Bytes)/1e6/res.Elapsed.Seconds())
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s %s, %s params, %s in %s (%s/s)\n", strings.Join(res.Files, ", "), shape, d,
+				units.Count(res.Params), units.Bytes(res.Bytes), res.Elapsed.Round(time.Millisecond),
+				units.Bytes(int64(float64(res.Bytes)/max(res.Elapsed.Seconds(), 1e-9))))
 			return nil
 		},
 	}

@@ -3,10 +3,21 @@ package main
 import (
 	"io"
 
+	"github.com/spf13/cobra"
+
 	"github.com/cortiq/cortiq/cmf"
 )
 
-func openCMF(path string) (*cmf.Model, error) { return cmf.Open(path) }
+// openCMF opens a model file, verifying its weights once per file identity
+// unless noVerify.
+func openCMF(path string, noVerify bool) (*cmf.Model, error) {
+	return cmf.OpenWith(path, cmf.OpenOptions{NoVerify: noVerify})
+}
+
+// addNoVerify adds --no-verify to a command that opens a model.
+func addNoVerify(c *cobra.Command, v *bool) {
+	c.Flags().BoolVar(v, "no-verify", false, "do not hash the weights at open (by default they are verified once per file, remembered in the user cache)")
+}
 
 // maxInput bounds text read from standard input or a file (1 GiB).
 const maxInput = 1 << 30

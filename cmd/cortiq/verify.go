@@ -7,17 +7,21 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/cortiq/cortiq/cmf"
+	"github.com/cortiq/cortiq/progress"
 )
 
 func init() { commands = append(commands, newVerify) }
 
 func newVerify() *cobra.Command {
-	return &cobra.Command{
+	var path string
+	c := &cobra.Command{
 		Use:   "verify FILE",
 		Short: "Recompute every section hash of a CMF file (exit 2 and name the section on a mismatch)",
-		Args:  cobra.ExactArgs(1),
+		Args:  modelArgs(&path, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := cmf.Open(args[0])
+			p, args := splitModel(path, args)
+			args = append([]string{p}, args...)
+			m, err := cmf.OpenWith(p, cmf.OpenOptions{NoVerify: true}) // Verify below hashes everything
 			if errors.Is(err, cmf.ErrCorrupt) {
 				return &exitError{2, err} // a damaged file: the same status as a hash mismatch
 			}
@@ -25,7 +29,7 @@ func newVerify() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			probs, err := m.Verify(cmd.Context(), nil)
+			probs, err := m.Verify(cmd.Context(), progress.Bytes(cmd.ErrOrStderr(), "verifying"))
 			if err != nil {
 				return err
 			}
@@ -44,4 +48,6 @@ func newVerify() *cobra.Command {
 			return nil
 		},
 	}
+	addModelFlag(c, &path)
+	return c
 }

@@ -130,7 +130,6 @@ func (d *Device) loop(ready chan<- error) {
 }
 
 func (c *Ctx) open(ordinal int) error {
-	l := c.d.lib
 	if err := c.call("cuInit", 0); err != nil {
 		if IsCode(err, ErrNoDeviceCode) {
 			return noDevice("the driver reports no CUDA device (cuInit: CUDA_ERROR_NO_DEVICE)")
@@ -203,7 +202,6 @@ func (c *Ctx) open(ordinal int) error {
 		return err
 	}
 	d.info = info
-	_ = l
 	return nil
 }
 
@@ -218,7 +216,8 @@ func (c *Ctx) attribute(attr int) (int, error) {
 func (d *Device) Info() Info { return d.info }
 
 // Do runs f on the device thread with the context current and returns its
-// error. Calls are serialised; f must not retain c.
+// error. Calls are serialised; f must not retain c, and must not call Do
+// (it would wait for itself).
 func (d *Device) Do(f func(c *Ctx) error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

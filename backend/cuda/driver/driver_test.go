@@ -234,3 +234,45 @@ func TestDoSurvivesGoexit(t *testing.T) {
 		t.Fatalf("Do on a dead device: %v", err)
 	}
 }
+
+// Do from many goroutines runs one closure at a time, all on one OS thread.
+func TestDoSerialises(t *testing.T) {
+	d := &Device{lib: &lib{fn: map[string]uintptr{}}, work: make(chan func()), stopped: make(chan struct{})}
+	d.ctx.d = d
+	ready := make(chan error, 1)
+	go d.loop(ready)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	defer d.stop()
+	var inside, maxInside, calls int
+	tids := map[int]bool{}
+	done := make(chan error)
+	for range 8 {
+		go func() {
+			for range 50 {
+				err := d.Do(func(c *Ctx) error {
+					inside++
+					maxInside = max(maxInside, inside)
+					calls++
+					tids[unix.Gettid()] = true
+					inside--
+					return nil
+				})
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if calls != 400 || maxInside != 1 || len(tids) != 1 {
+		t.Fatalf("calls %d, max concurrent %d, OS threads %d", calls, maxInside, len(tids))
+	}
+}

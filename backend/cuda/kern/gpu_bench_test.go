@@ -36,32 +36,38 @@ func BenchmarkGPUMatvec(b *testing.B) {
 		nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 		for _, R := range []int{1, 2, 4, 8} {
 			b.Run(fmt.Sprintf("%s/R%d", dt, R), func(b *testing.B) {
-				var ms float32
+				var w, x, y driver.DevicePtr
+				var e0, e1 driver.Event
+				var a driver.Args
+				name := fmt.Sprintf("mv_%s_r%d", kernName[dt], R)
+				cfg := driver.Config{Grid: driver.D1((rows + 7) / 8), Block: driver.D1(128)}
 				err := d.Do(func(c *driver.Ctx) error {
-					w, err := c.Alloc(nb)
-					if err != nil {
+					var err error
+					if w, err = c.Alloc(nb); err != nil {
 						return err
 					}
-					defer c.Free(w)
 					c.MemsetD8(w, 0x11, nb) // finite weights in every format
-					x, _ := c.Alloc(4 * int64(R*cols))
-					y, _ := c.Alloc(4 * int64(R*rows))
-					defer c.Free(x)
-					defer c.Free(y)
+					x, _ = c.Alloc(4 * int64(R*cols))
+					y, _ = c.Alloc(4 * int64(R*rows))
 					c.MemsetD32(x, 0x3c000000, int64(R*cols))
-					e0, _ := c.NewEvent(0)
-					e1, _ := c.NewEvent(0)
-					defer c.DestroyEvent(e0)
-					defer c.DestroyEvent(e1)
-					var a driver.Args
+					e0, _ = c.NewEvent(0)
+					e1, _ = c.NewEvent(0)
 					a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
-					name := fmt.Sprintf("mv_%s_r%d", kernName[dt], R)
-					cfg := driver.Config{Grid: driver.D1((rows + 7) / 8), Block: driver.D1(128)}
-					if err := m.Launch(c, name, cfg, &a); err != nil { // warm-up
-						return err
-					}
-					b.ResetTimer()
-					for b.Loop() {
+					return m.Launch(c, name, cfg, &a) // warm-up
+				})
+				defer d.Do(func(c *driver.Ctx) error {
+					c.DestroyEvent(e0)
+					c.DestroyEvent(e1)
+					c.Free(w)
+					c.Free(x)
+					return c.Free(y)
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ms float32
+				for b.Loop() {
+					err := d.Do(func(c *driver.Ctx) error {
 						c.Record(e0, 0)
 						for range launches {
 							if err := m.Launch(c, name, cfg, &a); err != nil {
@@ -73,15 +79,12 @@ func BenchmarkGPUMatvec(b *testing.B) {
 							return err
 						}
 						t, err := c.Elapsed(e0, e1)
-						if err != nil {
-							return err
-						}
 						ms += t
+						return err
+					})
+					if err != nil {
+						b.Fatal(err)
 					}
-					return nil
-				})
-				if err != nil {
-					b.Fatal(err)
 				}
 				b.SetBytes(nb * launches)
 				sec := float64(ms) / 1e3

@@ -2,11 +2,12 @@ package kern_test
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
 )
 
 // TestGPUDecodeStep chains the kernels into a one-layer llama decode step
@@ -44,54 +45,32 @@ func TestGPUDecodeStep(t *testing.T) {
 	gu, hbuf, logits := g.zeros(R*2*F), g.zeros(R*F), g.zeros(R*V)
 	ids, pos, slot, next := g.zeros(R), g.zeros(R), g.i32([]int32{1, 0}), g.zeros(R)
 	kc, vc := g.zeros(2*nkv*ctx*hd), g.zeros(2*nkv*ctx*hd)
-	part := g.zeros(R * nq * S * (hd + 2))
+	part := g.zeros(kern.AttnPartFloats(R, nq, S, hd))
 
-	type launch struct {
-		name        string
-		grid, block driver.Dim3
-		shared      int
-		args        *driver.Args
-	}
-	A := func() *driver.Args { return &driver.Args{} }
-	mv := func(W driver.DevicePtr, rows, cols int, in driver.DevicePtr, ldx int, out driver.DevicePtr, ldy, acc int) launch {
-		return launch{fmt.Sprintf("mv_f32_r%d", R), driver.D1((rows + 7) / 8), driver.D1(128), 0,
-			A().Ptr(W).Int(rows).Int(cols).Ptr(in).Int(ldx).Ptr(out).Int(ldy).Ptr(0).Int(acc)}
-	}
-	norm := func(w driver.DevicePtr) launch {
-		return launch{"rmsnorm", driver.D1(R), driver.D1(256), 0, A().Ptr(x).Int(H).Ptr(w).Ptr(xn).Int(H).Int(H).F32(eps).Int(0)}
-	}
-	step := []launch{
-		{"embed_f32", driver.D1(R), driver.D1(256), 0, A().Ptr(dE).Int(V).Int(H).Ptr(ids).Ptr(x).Int(H)},
-		norm(dwA),
-		mv(dWqkv, qkvN, H, xn, H, qkv, qkvN, 0),
-		{"rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0,
-			A().Ptr(qkv).Int(qkvN).Int(nq).Int(nkv).Int(hd).Int(hd).Ptr(dinv).F32(1).Ptr(pos).Ptr(slot).Ptr(kc).Ptr(vc).Int(ctx)},
-		{"attn_split", driver.D3(S, nkv, R), driver.D1(128), attWarps * attMaxG * (hd + 2) * 4,
-			A().Ptr(qkv).Int(qkvN).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Int(nq).Int(nkv).Int(hd).Int(ctx).Int(S).F32(scale)},
-		{"attn_merge", driver.D2(nq, R), driver.D1(128), 0, A().Ptr(part).Ptr(att).Int(nq * hd).Int(nq).Int(hd).Int(S)},
-		mv(dWo, H, nq*hd, att, nq*hd, x, H, 1),
-		norm(dwM),
-		mv(dWgu, 2*F, H, xn, H, gu, 2*F, 0),
-		{"silu_mul", driver.D2((F+255)/256, R), driver.D1(256), 0, A().Ptr(gu).Ptr(gu.Add(4 * F)).Int(2 * F).Ptr(hbuf).Int(F).Int(F)},
-		mv(dWd, H, F, hbuf, F, x, H, 1),
-		norm(dwF),
-		mv(dWout, V, H, xn, H, logits, V, 0),
-		{"argmax", driver.D1(R), driver.D1(1024), 0, A().Ptr(logits).Int(V).Int(V).Ptr(next)},
-	}
 	var s driver.Stream
 	g.do(func(c *driver.Ctx) error {
 		var err error
 		s, err = c.NewStream(driver.StreamNonBlocking)
 		return err
 	})
+	// The step through the typed launchers (the backend's future calls).
 	enqueue := func(c *driver.Ctx, pdl bool) error {
-		for i, l := range step {
-			cfg := driver.Config{Grid: l.grid, Block: l.block, Shared: l.shared, Stream: s, PDL: pdl && i > 0}
-			if err := g.m.Launch(c, l.name, cfg, l.args); err != nil {
-				return err
-			}
-		}
-		return nil
+		l := g.m.On(c, s, pdl)
+		return errorsJoin(
+			l.Embed(quant.F32, dE, V, H, ids, x, H, R),
+			l.RMSNorm(x, H, dwA, xn, H, H, R, eps, false),
+			l.Matvec(quant.F32, dWqkv, qkvN, H, xn, H, qkv, qkvN, R, 0, false),
+			l.RopeQKAppend(qkv, qkvN, nq, nkv, hd, hd, dinv, 1, pos, slot, kc, vc, ctx, R),
+			l.Attention(qkv, qkvN, kc, vc, pos, slot, part, att, nq*hd, R, nq, nkv, hd, ctx, S, scale),
+			l.Matvec(quant.F32, dWo, H, nq*hd, att, nq*hd, x, H, R, 0, true),
+			l.RMSNorm(x, H, dwM, xn, H, H, R, eps, false),
+			l.Matvec(quant.F32, dWgu, 2*F, H, xn, H, gu, 2*F, R, 0, false),
+			l.SiluMul(gu, gu.Add(4*F), 2*F, hbuf, F, F, R),
+			l.Matvec(quant.F32, dWd, H, F, hbuf, F, x, H, R, 0, true),
+			l.RMSNorm(x, H, dwF, xn, H, H, R, eps, false),
+			l.Matvec(quant.F32, dWout, V, H, xn, H, logits, V, R, 0, false),
+			l.Argmax(logits, V, V, next, R),
+		)
 	}
 	var exec driver.GraphExec
 	g.do(func(c *driver.Ctx) error {

@@ -149,6 +149,18 @@ func (g *gpu) launch(name string, grid, block driver.Dim3, shared int, a *driver
 	})
 }
 
+// run queues work through a typed launcher on the default stream and
+// waits for it.
+func (g *gpu) run(f func(l *kern.Launcher) error) {
+	g.t.Helper()
+	g.do(func(c *driver.Ctx) error {
+		if err := f(g.m.On(c, 0, false)); err != nil {
+			return err
+		}
+		return c.Synchronize()
+	})
+}
+
 func f32bytes(v []float32) []byte {
 	b := make([]byte, 4*len(v))
 	for i, x := range v {

@@ -1,11 +1,11 @@
 package kern_test
 
 import (
-	"fmt"
 	"math"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -61,24 +61,19 @@ func TestGPUMatvecParity(t *testing.T) {
 					y0 := r.vec(maxR*ldy, 1)
 					dy := g.f32(y0)
 					in := dx
-					if dt == quant.Q82F {
-						var a driver.Args
-						off := quant.Q82FColOffset(rows, cols)
-						a.Ptr(dW).I64(off).Int(cols).Ptr(dx).Int(ldx).Ptr(dxs).Int(ldx)
-						g.launch("q82f_prescale", driver.D2((cols+255)/256, R), driver.D1(256), 0, &a)
-						in = dxs
+					var bp driver.DevicePtr
+					if epi != "store" {
+						bp = dbias
 					}
-					for r0 := 0; r0 < R; r0 += 8 {
-						rr := min(8, R-r0)
-						var a driver.Args
-						a.Ptr(dW).Int(rows).Int(cols).Ptr(in.Add(int64(4 * r0 * ldx))).Int(ldx).Ptr(dy.Add(int64(4 * r0 * ldy))).Int(ldy)
-						if epi == "store" {
-							a.Ptr(0).Int(0)
-						} else {
-							a.Ptr(dbias).Int(1)
+					g.run(func(l *kern.Launcher) error {
+						if dt == quant.Q82F {
+							if err := l.Q82FPrescale(dW, rows, cols, dx, ldx, dxs, ldx, R); err != nil {
+								return err
+							}
+							in = dxs
 						}
-						g.launch(fmt.Sprintf("mv_%s_r%d", kernName[dt], rr), driver.D1((rows+7)/8), driver.D1(128), 0, &a)
-					}
+						return l.Matvec(dt, dW, rows, cols, in, ldx, dy, ldy, R, bp, epi != "store")
+					})
 					got := g.readF32(dy, maxR*ldy)
 					for ri := range maxR {
 						xr := x[ri*ldx : ri*ldx+cols]

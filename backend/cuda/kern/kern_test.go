@@ -126,6 +126,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"add":            {8, 4, 8, 4, 4},
 		"argmax":         {8, 4, 4, 8},
 		"sample":         {8, 4, 4, 8, 8},
+		"probe_read":     {8, 8, 8},
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}
@@ -161,6 +162,7 @@ func TestParsePTX(t *testing.T) {
 .visible .entry k1(
 	.param .u64 k1_param_0,
 	.param .u32 k1_param_1,
+	.param .u64 .ptr .global .align 4 k1_param_1b,
 	.param .f32 k1_param_2,
 	.param .align 8 .b8 k1_param_3[32]
 )
@@ -179,7 +181,7 @@ func TestParsePTX(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Kernel{{"k1", []int{8, 4, 4, 32}}, {"k2", []int{}}, {"k3", []int{2}}}
+	want := []Kernel{{"k1", []int{8, 4, 8, 4, 32}}, {"k2", []int{}}, {"k3", []int{2}}}
 	if len(ks) != len(want) {
 		t.Fatalf("got %v", ks)
 	}

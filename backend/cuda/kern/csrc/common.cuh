@@ -60,7 +60,7 @@ __device__ __forceinline__ float q4tp_rung(uint16_t a, uint16_t b, int k) {
 }
 
 // q4tp: the 5-bit code of group g from a row's code bytes.
-__device__ __forceinline__ int q4tp_code(const uint8_t* codes, int g) {
+__host__ __device__ __forceinline__ int q4tp_code(const uint8_t* codes, int g) {
   int bit = 5 * g, cb = bit >> 3, sh = bit & 7;
   uint32_t v = codes[cb];
   if (sh > 3) v |= (uint32_t)codes[cb + 1] << 8;

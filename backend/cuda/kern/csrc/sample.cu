@@ -18,7 +18,7 @@ struct SampleState {
 };
 
 // The draw: splitmix64 of seed + (counter+1)·golden, top 24 bits → [0, 1).
-__device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned long long counter) {
+__host__ __device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned long long counter) {
   unsigned long long z = seed + (counter + 1ull) * 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -26,9 +26,11 @@ __device__ __forceinline__ float draw_uniform(unsigned long long seed, unsigned 
   return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 
-// Orderable key of a float: larger floats give larger keys; NaN maps to 0.
+// Orderable key of a float: larger floats give larger keys, equal floats
+// equal keys (-0 is +0); NaN maps to 0.
 __device__ __forceinline__ uint32_t fkey(float v) {
   if (v != v) return 0u;
+  if (v == 0.0f) return 0x80000000u;
   const uint32_t b = __float_as_uint(v);
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }

@@ -1,0 +1,300 @@
+package kern
+
+import (
+	"fmt"
+
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Typed launchers: one method per kernel family, packing the parameters
+// csrc/*.cu declares and choosing the launch shape its comments give. Each
+// builds its launches with a pure function (tested on the CPU against the
+// manifest) and queues them on the launcher's stream.
+
+// Ptr is a device address (driver.DevicePtr).
+type Ptr = driver.DevicePtr
+
+// MaxMatvecRows is the most activation rows one matvec launch serves;
+// Matvec splits larger R into launches of at most this many.
+const MaxMatvecRows = 8
+
+// Attention partials per (row, query head, split): m, l and hd values.
+const attnWarps, attnMaxG = 4, 8
+
+// AttnPartFloats is the size, in floats, of the partials buffer Attention
+// needs.
+func AttnPartFloats(R, nq, nsplit, hd int) int { return R * nq * nsplit * (hd + 2) }
+
+// call is one kernel launch.
+type call struct {
+	name string
+	cfg  driver.Config
+	args *driver.Args
+}
+
+// Launcher queues kernels of a module on one stream, with programmatic
+// dependent launch when PDL is set.
+type Launcher struct {
+	M      *Module
+	C      *driver.Ctx
+	Stream driver.Stream
+	PDL    bool
+	// Debug waits for every kernel and names the one that failed (a
+	// faulting kernel otherwise surfaces at a later synchronisation).
+	Debug bool
+}
+
+// On returns a launcher for stream s.
+func (m *Module) On(c *driver.Ctx, s driver.Stream, pdl bool) *Launcher {
+	return &Launcher{M: m, C: c, Stream: s, PDL: pdl}
+}
+
+func (l *Launcher) run(cs []call, err error) error {
+	if err != nil {
+		return err
+	}
+	for _, k := range cs {
+		k.cfg.Stream, k.cfg.PDL = l.Stream, l.PDL
+		if k.cfg.Shared > 48<<10 {
+			f, err := l.M.Func(k.name)
+			if err != nil {
+				return err
+			}
+			if err := l.C.SetMaxDynamicShared(f, k.cfg.Shared); err != nil {
+				return fmt.Errorf("kern: %s: %w", k.name, err)
+			}
+		}
+		if err := l.M.Launch(l.C, k.name, k.cfg, k.args); err != nil {
+			return err
+		}
+		if l.Debug {
+			if err := l.C.StreamSync(l.Stream); err != nil {
+				return fmt.Errorf("kern: %s (grid %v, block %v) failed: %w", k.name, k.cfg.Grid, k.cfg.Block, err)
+			}
+		}
+	}
+	return nil
+}
+
+func one(name string, grid, block driver.Dim3, shared int, a *driver.Args) []call {
+	return []call{{name, driver.Config{Grid: grid, Block: block, Shared: shared}, a}}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// mvFamily names the matvec/gemm kernel family of a format; q8_2f uses
+// q8_row's kernels on prescaled activations.
+func mvFamily(d quant.DType) (string, error) {
+	switch d {
+	case quant.F32:
+		return "f32", nil
+	case quant.F16:
+		return "f16", nil
+	case quant.BF16:
+		return "bf16", nil
+	case quant.Q8Row, quant.Q82F:
+		return "q8row", nil
+	case quant.Q4TP:
+		return "q4tp", nil
+	}
+	return "", fmt.Errorf("kern: no matvec for format %s", d)
+}
+
+func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool) ([]call, error) {
+	fam, err := mvFamily(d)
+	if err != nil {
+		return nil, err
+	}
+	if R < 1 || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
+		return nil, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, cols, R)
+	}
+	var cs []call
+	for r0 := 0; r0 < R; r0 += MaxMatvecRows {
+		rr := min(MaxMatvecRows, R-r0)
+		a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x.Add(int64(4 * r0 * ldx))).Int(ldx).
+			Ptr(y.Add(int64(4 * r0 * ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
+		cs = append(cs, one(fmt.Sprintf("mv_%s_r%d", fam, rr), driver.D1((rows+7)/8), driver.D1(128), 0, a)...)
+	}
+	return cs, nil
+}
+
+// Matvec queues y[r][o] (=|+=) Σ_i W[o,i]·x[r][i] (+bias[o]) for R rows
+// (bias 0 for none). For q8_2f, x must already be prescaled (Q82FPrescale).
+func (l *Launcher) Matvec(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool) error {
+	return l.run(matvecCalls(d, W, rows, cols, x, ldx, y, ldy, R, bias, accumulate))
+}
+
+func gemmCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, T int, bias Ptr, accumulate bool) ([]call, error) {
+	fam, err := mvFamily(d)
+	if err != nil {
+		return nil, err
+	}
+	if T < 1 || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
+		return nil, fmt.Errorf("kern: gemm %s %d×%d with %d rows", d, rows, cols, T)
+	}
+	a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(T).Ptr(bias).Int(b2i(accumulate))
+	return one("gemm_"+fam, driver.D2((rows+63)/64, (T+63)/64), driver.D1(128), 0, a), nil
+}
+
+// Gemm queues the prefill product Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]
+// (+bias[o]) for T rows on tensor cores (see gemm.cu for its roundings).
+// For q8_2f, X must already be prescaled.
+func (l *Launcher) Gemm(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, T int, bias Ptr, accumulate bool) error {
+	return l.run(gemmCalls(d, W, rows, cols, x, ldx, y, ldy, T, bias, accumulate))
+}
+
+func prescaleCalls(W Ptr, rows, cols int, x Ptr, ldx int, xs Ptr, ldxs, R int) []call {
+	a := new(driver.Args).Ptr(W).I64(quant.Q82FColOffset(rows, cols)).Int(cols).Ptr(x).Int(ldx).Ptr(xs).Int(ldxs)
+	return one("q82f_prescale", driver.D2((cols+255)/256, R), driver.D1(256), 0, a)
+}
+
+// Q82FPrescale queues xs[r] = x[r] ⊙ col for a rows×cols q8_2f tensor W.
+func (l *Launcher) Q82FPrescale(W Ptr, rows, cols int, x Ptr, ldx int, xs Ptr, ldxs, R int) error {
+	return l.run(prescaleCalls(W, rows, cols, x, ldx, xs, ldxs, R), nil)
+}
+
+func embedCalls(d quant.DType, W Ptr, rows, cols int, ids, out Ptr, ldo, R int) ([]call, error) {
+	fam, err := mvFamily(d)
+	if err != nil {
+		return nil, err
+	}
+	if d == quant.Q82F {
+		fam = "q82f"
+	}
+	a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(ids).Ptr(out).Int(ldo)
+	return one("embed_"+fam, driver.D1(R), driver.D1(256), 0, a), nil
+}
+
+// Embed queues out[r] = row ids[r] of the table (zeros for an id outside it).
+func (l *Launcher) Embed(d quant.DType, W Ptr, rows, cols int, ids, out Ptr, ldo, R int) error {
+	return l.run(embedCalls(d, W, rows, cols, ids, out, ldo, R))
+}
+
+func rmsnormCalls(x Ptr, ldx int, w, y Ptr, ldy, n, R int, eps float32, onePlus bool) []call {
+	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(w).Ptr(y).Int(ldy).Int(n).F32(eps).Int(b2i(onePlus))
+	return one("rmsnorm", driver.D1(R), driver.D1(256), 0, a)
+}
+
+// RMSNorm queues y[r] = rmsnorm(x[r])·(w or 1+w); y may be x.
+func (l *Launcher) RMSNorm(x Ptr, ldx int, w, y Ptr, ldy, n, R int, eps float32, onePlus bool) error {
+	return l.run(rmsnormCalls(x, ldx, w, y, ldy, n, R, eps, onePlus), nil)
+}
+
+func headNormCalls(x Ptr, ldx int, w Ptr, nheads, hd, R int, eps float32, onePlus bool) []call {
+	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(w).Int(hd).F32(eps).Int(b2i(onePlus))
+	return one("head_rmsnorm", driver.D2(nheads, R), driver.D1(32), 0, a)
+}
+
+// HeadRMSNorm queues the per-head norm of nheads heads of hd at each row's start, in place.
+func (l *Launcher) HeadRMSNorm(x Ptr, ldx int, w Ptr, nheads, hd, R int, eps float32, onePlus bool) error {
+	return l.run(headNormCalls(x, ldx, w, nheads, hd, R, eps, onePlus), nil)
+}
+
+func ropeCalls(x Ptr, ldx, nheads, hd, rot int, inv Ptr, mscale float32, pos Ptr, R int) []call {
+	a := new(driver.Args).Ptr(x).Int(ldx).Int(hd).Int(rot).Ptr(inv).F32(mscale).Ptr(pos)
+	return one("rope", driver.D2(nheads, R), driver.D1(64), 0, a)
+}
+
+// Rope queues the rotary embedding of nheads heads at each row's start, in place, at positions pos[r].
+func (l *Launcher) Rope(x Ptr, ldx, nheads, hd, rot int, inv Ptr, mscale float32, pos Ptr, R int) error {
+	return l.run(ropeCalls(x, ldx, nheads, hd, rot, inv, mscale, pos, R), nil)
+}
+
+func kvAppendCalls(k Ptr, ldk int, v Ptr, ldv int, kc, vc, pos, slot Ptr, nkv, hd, ctx, R int) []call {
+	a := new(driver.Args).Ptr(k).Int(ldk).Ptr(v).Int(ldv).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Int(nkv).Int(hd).Int(ctx)
+	return one("kv_append", driver.D2(nkv, R), driver.D1(128), 0, a)
+}
+
+// KVAppend queues the copy of k[r], v[r] into the caches at pos[r] of slot[r].
+func (l *Launcher) KVAppend(k Ptr, ldk int, v Ptr, ldv int, kc, vc, pos, slot Ptr, nkv, hd, ctx, R int) error {
+	return l.run(kvAppendCalls(k, ldk, v, ldv, kc, vc, pos, slot, nkv, hd, ctx, R), nil)
+}
+
+func ropeQKAppendCalls(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int) []call {
+	a := new(driver.Args).Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(inv).F32(mscale).
+		Ptr(pos).Ptr(slot).Ptr(kc).Ptr(vc).Int(ctx)
+	return one("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0, a)
+}
+
+// RopeQKAppend queues RoPE of q and k in a fused q|k|v row and the K/V append.
+func (l *Launcher) RopeQKAppend(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int) error {
+	return l.run(ropeQKAppendCalls(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, R), nil)
+}
+
+func attentionCalls(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) ([]call, error) {
+	if nkv < 1 || nq%nkv != 0 || hd < 1 || hd > 256 || nsplit < 1 {
+		return nil, fmt.Errorf("kern: attention with %d query heads, %d kv heads, head size %d, %d splits", nq, nkv, hd, nsplit)
+	}
+	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).
+		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+	b := new(driver.Args).Ptr(part).Ptr(out).Int(ldo).Int(nq).Int(hd).Int(nsplit)
+	return append(one("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4, a),
+		one("attn_merge", driver.D2(nq, R), driver.D1(128), 0, b)...), nil
+}
+
+// Attention queues split-K decode attention over each row's cache (length
+// pos[r]+1 read on the device) and the merge into out; part holds
+// AttnPartFloats(R, nq, nsplit, hd) floats.
+func (l *Launcher) Attention(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) error {
+	return l.run(attentionCalls(q, ldq, kc, vc, pos, slot, part, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
+}
+
+func siluMulCalls(g, u Ptr, ldi int, h Ptr, ldh, n, R int) []call {
+	a := new(driver.Args).Ptr(g).Ptr(u).Int(ldi).Ptr(h).Int(ldh).Int(n)
+	return one("silu_mul", driver.D2((n+255)/256, R), driver.D1(256), 0, a)
+}
+
+// SiluMul queues h[r][i] = silu(g[r][i])·u[r][i].
+func (l *Launcher) SiluMul(g, u Ptr, ldi int, h Ptr, ldh, n, R int) error {
+	return l.run(siluMulCalls(g, u, ldi, h, ldh, n, R), nil)
+}
+
+func addCalls(y Ptr, ldy int, x Ptr, ldx, n, R int) []call {
+	a := new(driver.Args).Ptr(y).Int(ldy).Ptr(x).Int(ldx).Int(n)
+	return one("add", driver.D2((n+255)/256, R), driver.D1(256), 0, a)
+}
+
+// Add queues y[r][i] += x[r][i].
+func (l *Launcher) Add(y Ptr, ldy int, x Ptr, ldx, n, R int) error {
+	return l.run(addCalls(y, ldy, x, ldx, n, R), nil)
+}
+
+func argmaxCalls(logits Ptr, ld, n int, next Ptr, R int) []call {
+	a := new(driver.Args).Ptr(logits).Int(ld).Int(n).Ptr(next)
+	return one("argmax", driver.D1(R), driver.D1(1024), 0, a)
+}
+
+// Argmax queues next[r] = argmax of logits[r] (ties to the lowest index).
+func (l *Launcher) Argmax(logits Ptr, ld, n int, next Ptr, R int) error {
+	return l.run(argmaxCalls(logits, ld, n, next, R), nil)
+}
+
+// SampleStateBytes is the size of one row's sampler state (sample.cu).
+const SampleStateBytes = 32
+
+func sampleCalls(logits Ptr, ld, n int, state, next Ptr, R int) []call {
+	a := new(driver.Args).Ptr(logits).Int(ld).Int(n).Ptr(state).Ptr(next)
+	return one("sample", driver.D1(R), driver.D1(1024), 0, a)
+}
+
+// Sample queues next[r] drawn with the per-row parameters and RNG state
+// in state (SampleStateBytes per row, see sample.cu).
+func (l *Launcher) Sample(logits Ptr, ld, n int, state, next Ptr, R int) error {
+	return l.run(sampleCalls(logits, ld, n, state, next, R), nil)
+}
+
+func probeCalls(p Ptr, n16 int64, sink Ptr, sms int) []call {
+	a := new(driver.Args).Ptr(p).I64(n16).Ptr(sink)
+	return one("probe_read", driver.D1(4*max(sms, 1)), driver.D1(256), 0, a)
+}
+
+// ProbeRead queues a streaming read of n16 16-byte words at p, summed into *sink.
+func (l *Launcher) ProbeRead(p Ptr, n16 int64, sink Ptr, sms int) error {
+	return l.run(probeCalls(p, n16, sink, sms), nil)
+}

@@ -1,0 +1,98 @@
+package kern
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/cortiq/cortiq/quant"
+)
+
+// Every typed launcher packs exactly the parameters its kernel declares
+// (sizes from the manifest, which TestEmbeddedArtifacts ties to the PTX).
+func TestLaunchersMatchManifest(t *testing.T) {
+	m, err := ReadManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Built() {
+		t.Skip("manifest records no build")
+	}
+	var all []call
+	add := func(cs []call, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, cs...)
+	}
+	for _, d := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		for R := 1; R <= 17; R++ {
+			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true))
+		}
+		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))
+		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
+	}
+	add(prescaleCalls(0x1000, 64, 256, 0x2000, 256, 0x3000, 256, 4), nil)
+	add(rmsnormCalls(1, 2, 3, 4, 5, 6, 7, 1e-6, true), nil)
+	add(headNormCalls(1, 2, 3, 4, 5, 6, 1e-6, false), nil)
+	add(ropeCalls(1, 2, 3, 4, 5, 6, 1, 7, 8), nil)
+	add(kvAppendCalls(1, 2, 3, 4, 5, 6, 7, 8, 2, 64, 100, 3), nil)
+	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3), nil)
+	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
+	add(siluMulCalls(1, 2, 3, 4, 5, 6, 7), nil)
+	add(addCalls(1, 2, 3, 4, 5, 6), nil)
+	add(argmaxCalls(1, 2, 3, 4, 5), nil)
+	add(sampleCalls(1, 2, 3, 4, 5, 6), nil)
+	add(probeCalls(1, 2, 3, 132), nil)
+	used := map[string]bool{}
+	for _, c := range all {
+		k, ok := m.Kernel(c.name)
+		if !ok {
+			t.Fatalf("launcher names %s, not in the build", c.name)
+		}
+		if err := c.args.Check(paramsOf(k)); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if c.cfg.Grid.X == 0 || c.cfg.Block.X == 0 {
+			t.Fatalf("%s: empty launch shape %+v", c.name, c.cfg)
+		}
+		used[c.name] = true
+	}
+	for _, k := range m.Kernels {
+		if !used[k.Name] {
+			t.Errorf("kernel %s has no launcher", k.Name)
+		}
+	}
+}
+
+// Matvec splits R > 8 into launches of 8 with the row offsets applied.
+func TestMatvecSplitsRows(t *testing.T) {
+	cs, err := matvecCalls(quant.Q4TP, 0x1000, 64, 256, 0x2000, 260, 0x3000, 70, 19, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantNames := []string{"mv_q4tp_r8", "mv_q4tp_r8", "mv_q4tp_r3"}
+	if len(cs) != len(wantNames) {
+		t.Fatalf("%d launches", len(cs))
+	}
+	for i, c := range cs {
+		b := c.args.Bytes()
+		x := binary.LittleEndian.Uint64(b[c.args.Offset(3):])
+		y := binary.LittleEndian.Uint64(b[c.args.Offset(5):])
+		if c.name != wantNames[i] || x != 0x2000+uint64(4*8*i*260) || y != 0x3000+uint64(4*8*i*70) {
+			t.Fatalf("launch %d: %s x %#x y %#x", i, c.name, x, y)
+		}
+		if c.cfg.Grid.X != 8 || c.cfg.Block.X != 128 {
+			t.Fatalf("launch %d shape %+v", i, c.cfg)
+		}
+	}
+	if _, err := matvecCalls(quant.Q4TP, 1, 64, 100, 2, 100, 3, 64, 1, 0, false); err == nil {
+		t.Error("q4tp with 100 columns accepted")
+	}
+	if _, err := matvecCalls(quant.U8, 1, 64, 64, 2, 64, 3, 64, 1, 0, false); err == nil {
+		t.Error("a matvec over raw bytes accepted")
+	}
+	if _, err := attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 6, 4, 64, 10, 2, 1); err == nil {
+		t.Error("6 query heads over 4 kv heads accepted")
+	}
+}
