@@ -192,6 +192,15 @@ func (s *scheduler) run() {
 		}
 		s.account(rows, toks, dt)
 		for i, sl := range rows {
+			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
+				// Hybrid prefill: snapshot the state at interval boundaries
+				// and at the end of the prompt, for prefix reuse.
+				if n := sl.s.Cache().Len(); n%iv == 0 || len(sl.pending) == 0 {
+					if err := sl.s.Snapshot(); err != nil {
+						sl.j.logger().Warn("state snapshot failed", "err", err)
+					}
+				}
+			}
 			if len(sl.pending) > 0 {
 				continue // prompt not finished: no token yet
 			}
@@ -238,7 +247,7 @@ func (s *scheduler) admit() {
 			q = append(q, j)
 			continue
 		}
-		if err := s.start(best, j, bestKeep); err != nil {
+		if err := s.start(best, j); err != nil {
 			j.events <- event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)}
 		}
 	}
@@ -257,8 +266,9 @@ func commonPrefix(cached, prompt []int) int {
 	return n
 }
 
-func (s *scheduler) start(sl *slot, j *job, keep int) error {
-	if err := sl.s.Truncate(keep); err != nil {
+func (s *scheduler) start(sl *slot, j *job) error {
+	keep, err := sl.s.Resume(j.prompt)
+	if err != nil {
 		return err
 	}
 	sm, err := sample.New(j.params)
@@ -316,6 +326,11 @@ func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
 	}
 	for _, sl := range pre {
 		n := min(len(sl.pending), s.cfg.PrefillChunk)
+		if iv := sl.s.SnapshotInterval(); iv > 0 {
+			// Hybrid: end chunks on the snapshot interval, as Prefill does.
+			pos := sl.s.Cache().Len()
+			n = min(n, (pos/iv+1)*iv-pos)
+		}
 		seqs, toks, rows = append(seqs, sl.s), append(toks, sl.pending[:n]), append(rows, sl)
 		sl.pending = sl.pending[n:]
 	}
@@ -377,9 +392,15 @@ func (s *scheduler) sampleNext(sl *slot, logits []float32) {
 }
 
 // finish ends the slot's job with a final event and frees the slot (its
-// session keeps the cached tokens for prefix reuse).
+// session keeps the cached tokens for prefix reuse; a hybrid model's
+// session also snapshots its state there, as Generate does after a reply).
 func (s *scheduler) finish(sl *slot, reason string, err error) {
 	j := sl.j
+	if (reason == "stop" || reason == "length") && s.e.Model.HasState() {
+		if err := sl.s.Snapshot(); err != nil {
+			j.logger().Warn("state snapshot failed", "err", err)
+		}
+	}
 	j.events <- event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen}
 	sl.j, sl.pending = nil, nil
 	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/cortiq/cortiq/convert"
 	"github.com/cortiq/cortiq/engine"
+	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/sample"
 )
 
@@ -451,4 +456,73 @@ func value(c prometheus.Collector) float64 {
 		return d.Gauge.GetValue()
 	}
 	return d.Counter.GetValue()
+}
+
+// TestHybridBatching: a hybrid model (Qwen3-Next: Gated DeltaNet layers
+// with recurrent state) batched in the scheduler gives what Generate gives
+// alone, also for a second round of the same prompts, which resumes from
+// the state snapshots the first round left every 8 tokens of its prefill
+// (prefix reuse without cutting the state back).
+func TestHybridBatching(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "next.cmf")
+	if _, err := convert.FromHF(context.Background(), "../testdata/models/qwen3_next_f32", p, convert.Options{Quant: quant.F32}); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *engine.Engine {
+		e, err := engine.Open(p, engine.Options{Threads: 2, SnapshotInterval: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	s := New(Config{Parallel: 4, Ctx: 256, Queue: 16, PrefillChunk: 5, ModelName: "next", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := s.Attach(open()); err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(s)
+	defer func() { ts.CloseClientConnections(); s.Close(); ts.Close() }()
+	ref := open()
+	const n = 8
+	want := make([]string, n)
+	prompts := make([]string, n)
+	for i := range n {
+		prompts[i] = fmt.Sprintf("Shared opening words, then request %d %s", i%4, strings.Repeat("more ", i))
+		ids, err := ref.Encode(prompts[i], true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sess, _ := ref.NewSession(256)
+		r, err := sess.Generate(context.Background(), ids, engine.GenOptions{MaxTokens: 6, IgnoreEOS: true})
+		sess.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[i] = r.Text
+	}
+	for round := range 2 {
+		got := make([]string, n)
+		cached := make([]int, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				code, _, b := post(t, ts.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":6,"temperature":0,"ignore_eos":true}`, prompts[i]))
+				var r completionOut
+				if code != 200 || json.Unmarshal(b, &r) != nil {
+					t.Errorf("request %d: %d %s", i, code, b)
+					return
+				}
+				got[i], cached[i] = r.Choices[0].Text, r.Usage.PromptTokensDetails.CachedTokens
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			if got[i] != want[i] {
+				t.Errorf("round %d request %d: batched %q, alone %q", round, i, got[i], want[i])
+			}
+		}
+		if round == 1 && slices.Max(cached) == 0 {
+			t.Errorf("second round reused no prefix: %v", cached)
+		}
+	}
 }
