@@ -1,0 +1,461 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cortiq/cortiq/engine"
+	"github.com/cortiq/cortiq/sample"
+	"github.com/cortiq/cortiq/tokenizer"
+)
+
+var (
+	errQueueFull = errors.New("server: the wait queue is full")
+	errClosed    = errors.New("server: shutting down")
+)
+
+// job is one sequence to generate: a prompt, its limits and sampling, and
+// the channel its tokens go to. The scheduler owns the fields below events.
+type job struct {
+	ctx       context.Context
+	prompt    []int
+	max       int // tokens to generate at most (> 0)
+	params    sample.Params
+	stops     []string
+	ignoreEOS bool
+	cons      constraint // nil: unconstrained
+	events    chan event // buffered for max+2 events: the scheduler never blocks
+	enqueued  time.Time
+	log       *slog.Logger // carries the request id
+
+	sm      *sample.Sampler
+	stop    *sample.StopChecker
+	dec     *tokenizer.Decoder
+	gen     int
+	cached  int
+	lastTok time.Time
+	first   bool
+}
+
+func (j *job) logger() *slog.Logger {
+	if j.log != nil {
+		return j.log
+	}
+	return slog.Default()
+}
+
+// event is one step of a job's output: a sampled token with the text that
+// became final, or the end.
+type event struct {
+	text  string
+	token *tokenInfo
+	done  bool
+	// Set on the final event.
+	reason           string // stop, length, cancelled, error
+	err              error
+	promptTokens     int
+	cachedTokens     int
+	completionTokens int
+}
+
+type tokenInfo struct {
+	id      int32
+	logprob float32
+	top     []sample.TokenLogProb
+}
+
+// slot is one sequence of the running batch: a session (KV cache) kept
+// between requests for prefix reuse, and the job it serves.
+type slot struct {
+	s       *engine.Session
+	j       *job
+	pending []int // prompt tokens still to prefill
+	next    int   // the sampled token to feed at the next step
+	used    int64 // admission counter of the last job (LRU among equals)
+}
+
+// schedConfig sizes the scheduler.
+type schedConfig struct {
+	Parallel     int // slots
+	Ctx          int // tokens per slot
+	Queue        int // waiting jobs at most
+	PrefillChunk int // prompt tokens per sequence per step
+	PrefillSeqs  int // prefilling sequences per step
+	stepDelay    time.Duration
+}
+
+// scheduler runs continuous batching: every step is one engine.Step over
+// the decoding slots (one token each) plus prompt chunks of a few
+// prefilling slots; jobs join and leave at step boundaries.
+type scheduler struct {
+	e     *engine.Engine
+	cfg   schedConfig
+	m     *metrics
+	slots []*slot
+
+	mu     sync.Mutex
+	queue  []*job
+	closed bool
+	admits int64
+
+	wake chan struct{}
+	quit chan struct{}
+	done chan struct{}
+}
+
+func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
+	s := &scheduler{e: e, cfg: cfg, m: m, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	for i := 0; i < cfg.Parallel; i++ {
+		ss, err := e.NewSession(cfg.Ctx)
+		if err != nil {
+			return nil, fmt.Errorf("server: slot %d: %w", i, err)
+		}
+		s.slots = append(s.slots, &slot{s: ss})
+	}
+	m.kvCapacity.Set(float64(cfg.Parallel * cfg.Ctx))
+	go s.run()
+	return s, nil
+}
+
+// submit queues j; a full queue or a closing scheduler is an error.
+func (s *scheduler) submit(j *job) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	if len(s.queue) >= s.cfg.Queue {
+		return errQueueFull
+	}
+	j.enqueued = time.Now()
+	j.events = make(chan event, j.max+2)
+	s.queue = append(s.queue, j)
+	s.m.waiting.Set(float64(len(s.queue)))
+	s.poke()
+	return nil
+}
+
+// poke wakes the loop (a job arrived or a client left).
+func (s *scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close fails the waiting jobs, cancels the running ones and stops the loop.
+func (s *scheduler) close() {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.quit)
+	}
+	s.mu.Unlock()
+	<-s.done
+}
+
+func (s *scheduler) run() {
+	defer close(s.done)
+	for {
+		select {
+		case <-s.quit:
+			s.shutdown()
+			return
+		default:
+		}
+		s.reap()
+		s.admit()
+		seqs, toks, rows := s.batch()
+		if len(rows) == 0 {
+			s.gauges()
+			select {
+			case <-s.wake:
+			case <-s.quit:
+			}
+			continue
+		}
+		t0 := time.Now()
+		logits, err := s.e.Step(seqs, toks)
+		dt := time.Since(t0)
+		if err != nil {
+			slog.Error("batched step failed", "err", err, "sequences", len(rows))
+			for _, sl := range rows {
+				sl.j.logger().Error("the request's step failed", "err", err)
+				sl.s.Reset()
+				s.finish(sl, "error", err)
+			}
+			continue
+		}
+		s.account(rows, toks, dt)
+		for i, sl := range rows {
+			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
+				// Hybrid prefill: snapshot the state at interval boundaries
+				// and at the end of the prompt, for prefix reuse.
+				if n := sl.s.Cache().Len(); n%iv == 0 || len(sl.pending) == 0 {
+					if err := sl.s.Snapshot(); err != nil {
+						sl.j.logger().Warn("state snapshot failed", "err", err)
+					}
+				}
+			}
+			if len(sl.pending) > 0 {
+				continue // prompt not finished: no token yet
+			}
+			s.sampleNext(sl, logits[i])
+		}
+		s.gauges()
+		if s.cfg.stepDelay > 0 {
+			time.Sleep(s.cfg.stepDelay)
+		}
+	}
+}
+
+// reap ends jobs whose client has gone, freeing their slots at once.
+func (s *scheduler) reap() {
+	for _, sl := range s.slots {
+		if sl.j != nil && sl.j.ctx.Err() != nil {
+			s.finish(sl, "cancelled", sl.j.ctx.Err())
+		}
+	}
+}
+
+// admit moves waiting jobs into free slots, each into the free slot whose
+// cached tokens share the longest prefix with its prompt.
+func (s *scheduler) admit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue[:0]
+	for _, j := range s.queue {
+		if j.ctx.Err() != nil {
+			j.events <- event{done: true, reason: "cancelled", err: j.ctx.Err(), promptTokens: len(j.prompt)}
+			continue
+		}
+		best, bestKeep := (*slot)(nil), -1
+		for _, sl := range s.slots {
+			if sl.j != nil {
+				continue
+			}
+			keep := commonPrefix(sl.s.Tokens(), j.prompt)
+			if keep > bestKeep || (keep == bestKeep && sl.used < best.used) {
+				best, bestKeep = sl, keep
+			}
+		}
+		if best == nil {
+			q = append(q, j)
+			continue
+		}
+		if err := s.start(best, j); err != nil {
+			j.events <- event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)}
+		}
+	}
+	clear(s.queue[len(q):])
+	s.queue = q
+	s.m.waiting.Set(float64(len(s.queue)))
+}
+
+// commonPrefix is the reusable cached prefix: at most len(prompt)-1 tokens,
+// since the last prompt token must run to give the first logits.
+func commonPrefix(cached, prompt []int) int {
+	n := 0
+	for n < len(cached) && n < len(prompt)-1 && cached[n] == prompt[n] {
+		n++
+	}
+	return n
+}
+
+func (s *scheduler) start(sl *slot, j *job) error {
+	keep, err := sl.s.Resume(j.prompt)
+	if err != nil {
+		return err
+	}
+	sm, err := sample.New(j.params)
+	if err != nil {
+		return err
+	}
+	for _, id := range j.prompt {
+		sm.Accept(int32(id))
+	}
+	eos := s.e.EOS
+	if j.ignoreEOS {
+		eos = nil
+	}
+	j.sm, j.stop, j.cached = sm, sample.NewStopChecker(eos, j.stops), keep
+	if s.e.Tok != nil {
+		j.dec = tokenizer.NewDecoder(s.e.Tok)
+	}
+	s.admits++
+	sl.j, sl.pending, sl.used = j, j.prompt[keep:], s.admits
+	s.m.promptTokens.Add(float64(len(j.prompt)))
+	if keep > 0 {
+		s.m.prefixHits.Inc()
+		s.m.prefixHitTokens.Add(float64(keep))
+	}
+	j.logger().Debug("admitted", "prompt", len(j.prompt), "cached", keep, "queued", time.Since(j.enqueued).Round(time.Microsecond))
+	return nil
+}
+
+// batch assembles one step: a token for each decoding slot and a prompt
+// chunk for at most PrefillSeqs prefilling slots (oldest admission first),
+// so a long prompt is spread over several steps and decoding goes on.
+func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
+	var seqs []*engine.Session
+	var toks [][]int
+	var rows []*slot
+	var pre []*slot
+	for _, sl := range s.slots {
+		switch {
+		case sl.j == nil:
+		case len(sl.pending) == 0:
+			seqs, toks, rows = append(seqs, sl.s), append(toks, []int{sl.next}), append(rows, sl)
+		default:
+			pre = append(pre, sl)
+		}
+	}
+	for len(pre) > 0 && len(pre) > s.cfg.PrefillSeqs {
+		// Keep the earliest admitted.
+		latest := 0
+		for i, sl := range pre {
+			if sl.used > pre[latest].used {
+				latest = i
+			}
+		}
+		pre = append(pre[:latest], pre[latest+1:]...)
+	}
+	for _, sl := range pre {
+		n := min(len(sl.pending), s.cfg.PrefillChunk)
+		if iv := sl.s.SnapshotInterval(); iv > 0 {
+			// Hybrid: end chunks on the snapshot interval, as Prefill does.
+			pos := sl.s.Cache().Len()
+			n = min(n, (pos/iv+1)*iv-pos)
+		}
+		seqs, toks, rows = append(seqs, sl.s), append(toks, sl.pending[:n]), append(rows, sl)
+		sl.pending = sl.pending[n:]
+	}
+	return seqs, toks, rows
+}
+
+// sampleNext draws a slot's next token from its logits, streams it, and
+// either queues it for the next step or ends the job.
+func (s *scheduler) sampleNext(sl *slot, logits []float32) {
+	j := sl.j
+	if j.cons != nil {
+		j.cons.mask(logits)
+	}
+	r, err := j.sm.Sample(logits)
+	if err != nil {
+		s.finish(sl, "error", fmt.Errorf("server: sampling: %w", err))
+		return
+	}
+	j.sm.Accept(r.Token)
+	if j.cons != nil {
+		j.cons.accept(int(r.Token))
+	}
+	now := time.Now()
+	if !j.first {
+		j.first = true
+		s.m.ttft.Observe(now.Sub(j.enqueued).Seconds())
+	} else {
+		s.m.itl.Observe(now.Sub(j.lastTok).Seconds())
+	}
+	j.lastTok = now
+	j.gen++
+	s.m.completionTokens.Inc()
+	tok := int(r.Token)
+	piece := ""
+	if j.dec != nil {
+		piece = j.dec.Push(tok)
+	}
+	out, why := j.stop.Push(r.Token, piece)
+	info := &tokenInfo{id: r.Token, logprob: r.LogProb}
+	if len(r.TopLogProbs) > 0 {
+		info.top = append([]sample.TokenLogProb(nil), r.TopLogProbs...)
+	}
+	j.events <- event{text: out, token: info}
+	switch {
+	case why != sample.NotStopped:
+		s.finish(sl, "stop", nil)
+	case j.gen >= j.max || sl.s.Cache().Len() >= sl.s.Cache().Cap():
+		tail := j.stop.Flush()
+		if j.dec != nil {
+			tail += j.dec.Flush()
+		}
+		if tail != "" {
+			j.events <- event{text: tail}
+		}
+		s.finish(sl, "length", nil)
+	default:
+		sl.next = tok
+	}
+}
+
+// finish ends the slot's job with a final event and frees the slot (its
+// session keeps the cached tokens for prefix reuse; a hybrid model's
+// session also snapshots its state there, as Generate does after a reply).
+func (s *scheduler) finish(sl *slot, reason string, err error) {
+	j := sl.j
+	if (reason == "stop" || reason == "length") && s.e.Model.HasState() {
+		if err := sl.s.Snapshot(); err != nil {
+			j.logger().Warn("state snapshot failed", "err", err)
+		}
+	}
+	j.events <- event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen}
+	sl.j, sl.pending = nil, nil
+	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)
+}
+
+// account records the step's throughput.
+func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) {
+	pre, dec := 0, 0
+	for i, sl := range rows {
+		if len(toks[i]) == 1 && sl.j.first {
+			dec++
+		} else {
+			pre += len(toks[i])
+		}
+	}
+	sec := max(dt.Seconds(), 1e-9)
+	s.m.prefilled.Add(float64(pre))
+	if pre > 0 {
+		s.m.prefillRate.Set(float64(pre) / sec)
+	}
+	if dec > 0 {
+		s.m.decodeRate.Set(float64(dec) / sec)
+	}
+	s.m.steps.Inc()
+	s.m.stepRows.Observe(float64(len(rows)))
+}
+
+func (s *scheduler) gauges() {
+	busy, held := 0, 0
+	for _, sl := range s.slots {
+		if sl.j != nil {
+			busy++
+		}
+		held += len(sl.s.Tokens())
+	}
+	s.m.running.Set(float64(busy))
+	s.m.kvUsed.Set(float64(held))
+}
+
+// shutdown fails whatever is left when the loop stops.
+func (s *scheduler) shutdown() {
+	s.mu.Lock()
+	for _, j := range s.queue {
+		j.events <- event{done: true, reason: "cancelled", err: errClosed, promptTokens: len(j.prompt)}
+	}
+	s.queue = nil
+	s.mu.Unlock()
+	for _, sl := range s.slots {
+		if sl.j != nil {
+			s.finish(sl, "cancelled", errClosed)
+		}
+	}
+	s.gauges()
+	for _, sl := range s.slots {
+		sl.s.Close()
+	}
+	s.m.waiting.Set(0)
+}
