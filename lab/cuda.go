@@ -64,10 +64,11 @@ const (
 	TolReassoc = 1e-5
 	// TolInt8: activations quantized to int8 per block of 32 (d =
 	// absmax/127): an error of at most d/2 per element, so |Δy| ≤
-	// Σ_blocks d/2·Σ|w|; on the lab's input (uniform in ±0.5) and the
-	// weights measured (TestInt8ToleranceOnCPU) the worst is below a
-	// third of this.
-	TolInt8 = 2e-2
+	// Σ_blocks d/2·Σ|w|. Relative to a tensor's RMS it is worst on
+	// short rows: TestInt8ToleranceOnCPU measures 1.5e-2 on the lab's
+	// input over its odd shapes (worst: 64 columns) and asks for half of
+	// this; the CPU lab's int8-vs-float32 tolerance is the same 5e-2.
+	TolInt8 = 5e-2
 )
 
 // CUDAVariants is the GPU variant table; the first is arm 0 (production).
