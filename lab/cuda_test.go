@@ -377,3 +377,93 @@ func TestInt8ToleranceOnCPU(t *testing.T) {
 		t.Fatalf("int8 activations off by %.3e of RMS, want (0, %.2e]", worst, TolInt8/2)
 	}
 }
+
+// TestDP4ALayoutModel is a Go model of lab.cu's int8 path on the stored
+// q4tp bytes: lab_quant_x's (0,2,4,6,1,3,5,7) order per 8 quants, the
+// masked low and shifted high nibbles of each word fed to dp4a, the −8
+// folded in as −8·Σq, the rung from the 5-bit code. It must give the
+// int8Dot of the decoded rows exactly (up to float64 rounding), which
+// checks the byte arrangement the kernel relies on.
+func TestDP4ALayoutModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ts := randTensor(t, r, "w", quant.Q4TP, 7, 32*5)
+	rows, cols, gpr := ts.M.Rows, ts.M.Cols, ts.M.Cols/32
+	W := ts.M.Data
+	poff := rows * gpr * 16
+	coff := poff + rows*4
+	stride := (5*gpr + 7) / 8
+	x := input(cols)
+	// lab_quant_x with perm = 1.
+	xq := make([]int8, cols)
+	xd := make([]float64, 2*gpr)
+	for b := range gpr {
+		am := float32(0)
+		for _, v := range x[32*b : 32*b+32] {
+			am = max(am, float32(math.Abs(float64(v))))
+		}
+		d := am / 127
+		s := 0
+		for lane := range 32 {
+			q := int(math.RoundToEven(float64(x[32*b+lane] / d)))
+			e := lane & 7
+			xq[32*b+(lane&^7)+e>>1+4*(e&1)] = int8(q)
+			s += q
+		}
+		xd[2*b], xd[2*b+1] = float64(d), float64(s)
+	}
+	dp4a := func(a, b uint32, c int) int {
+		for k := range 4 {
+			c += int(int8(a>>(8*k))) * int(int8(b>>(8*k)))
+		}
+		return c
+	}
+	word := func(p []int8) uint32 {
+		return uint32(uint8(p[0])) | uint32(uint8(p[1]))<<8 | uint32(uint8(p[2]))<<16 | uint32(uint8(p[3]))<<24
+	}
+	row := make([]float32, cols)
+	for o := range rows {
+		ah := uint16(W[poff+4*o]) | uint16(W[poff+4*o+1])<<8
+		bh := uint16(W[poff+4*o+2]) | uint16(W[poff+4*o+3])<<8
+		var y float64
+		for g := range gpr {
+			bit := 5 * g
+			v := uint32(W[coff+o*stride+bit>>3])
+			if bit&7 > 3 {
+				v |= uint32(W[coff+o*stride+bit>>3+1]) << 8
+			}
+			code := int(v>>(bit&7)) & 31
+			rung := math.Exp2(float64(float32(f16(ah)) + float32(code)*float32(f16(bh))))
+			s := 0
+			for j := range 4 {
+				off := (o*gpr+g)*16 + 4*j
+				wv := uint32(W[off]) | uint32(W[off+1])<<8 | uint32(W[off+2])<<16 | uint32(W[off+3])<<24
+				s = dp4a(wv&0x0F0F0F0F, word(xq[32*g+8*j:]), s)
+				s = dp4a(wv>>4&0x0F0F0F0F, word(xq[32*g+8*j+4:]), s)
+			}
+			y += rung * xd[2*g] * (float64(s) - 8*xd[2*g+1])
+		}
+		ts.M.Row(o, row)
+		want := int8Dot(row, x)
+		if math.Abs(y-want) > 1e-5*math.Abs(want)+1e-7 {
+			t.Fatalf("row %d: model %.9g, int8Dot of the decoded row %.9g", o, y, want)
+		}
+	}
+}
+
+// f16 converts IEEE half bits to float64 (normal and subnormal numbers).
+func f16(h uint16) float64 {
+	e, m := int(h>>10&31), float64(h&1023)
+	v := 0.0
+	switch {
+	case e == 0:
+		v = m / 1024 * math.Exp2(-14)
+	case e == 31:
+		v = math.Inf(1)
+	default:
+		v = (1 + m/1024) * math.Exp2(float64(e-15))
+	}
+	if h&0x8000 != 0 {
+		v = -v
+	}
+	return v
+}
