@@ -387,7 +387,7 @@ func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, err
 	for i, a := range arms {
 		v := vs[a.v]
 		r := &rep.Results[i]
-		r.Variant, r.Mode, r.Doc, r.Tol = v.Name, a.mode, v.Doc, v.Tol
+		r.Variant, r.Mode, r.Doc, r.Tol = v.Name, a.mode, v.Doc+productionShare(v, groups, rep.WalkBytes), v.Tol
 		if a.mode != ModeSerial {
 			r.Variant += "+" + a.mode
 		}
@@ -416,6 +416,35 @@ func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, err
 	}
 	rep.summarize()
 	return rep, nil
+}
+
+// productionShare says which of the walk's formats v runs with the
+// production kernel, and their share of the walk's bytes ("" for arm 0
+// and for a variant with a kernel for every format).
+func productionShare(v CUDAVariant, groups []Group, total int64) string {
+	if v.q4 == nil && v.q8 == nil || total <= 0 {
+		return ""
+	}
+	by := map[quant.DType]int64{}
+	var order []quant.DType
+	for _, g := range groups {
+		for _, t := range g {
+			if !v.covers(t.M.DType) {
+				if by[t.M.DType] == 0 {
+					order = append(order, t.M.DType)
+				}
+				by[t.M.DType] += t.Bytes
+			}
+		}
+	}
+	var parts []string
+	for _, d := range order {
+		parts = append(parts, fmt.Sprintf("%s %.0f%%", d, 100*float64(by[d])/float64(total)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " [production kernel for " + strings.Join(parts, ", ") + " of the walk's bytes]"
 }
 
 // session holds a GPU lab's device state.

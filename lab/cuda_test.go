@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -466,4 +467,28 @@ func f16(h uint16) float64 {
 		v = -v
 	}
 	return v
+}
+
+// TestProductionShare: a q4tp-only variant on a walk with a q8_row head
+// says it runs production there and for what share of the bytes.
+func TestProductionShare(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	a, b := randTensor(t, r, "a", quant.Q4TP, 64, 64), randTensor(t, r, "b", quant.Q8Row, 64, 64)
+	groups := []Group{{a}, {b}}
+	total := a.Bytes + b.Bytes
+	vs := CUDAVariants()
+	for _, v := range vs {
+		got := productionShare(v, groups, total)
+		switch {
+		case v.Name == "prod" || v.q8 != nil:
+			if got != "" {
+				t.Errorf("%s: %q", v.Name, got)
+			}
+		default:
+			want := fmt.Sprintf(" [production kernel for q8_row %.0f%% of the walk's bytes]", 100*float64(b.Bytes)/float64(total))
+			if got != want {
+				t.Errorf("%s: %q, want %q", v.Name, got, want)
+			}
+		}
+	}
 }
