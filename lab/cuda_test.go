@@ -265,6 +265,8 @@ func TestCUDAReportJSON(t *testing.T) {
 		rep.Results = append(rep.Results, Result{Variant: "prod" + map[bool]string{true: "", false: "+" + m}[i == 0], Mode: m, Doc: "d",
 			Times: []float64{1, 2, 1.5}, Check: "bitwise"})
 	}
+	rep.Results = append(rep.Results, Result{Variant: "loads", Mode: ModeSerial, Tol: -1, Check: "n/a", Times: []float64{1, 1, 1}},
+		Result{Variant: "fast", Mode: ModeSerial, Tol: 0, Failed: true, Times: []float64{0.5, 0.5, 0.5}})
 	rep.summarize()
 	if r := rep.Results[0]; r.MedianMS != 1.5 || math.Abs(r.GBps-4e9/1e6/1.5) > 1e-9 || math.Abs(r.OfProbe-r.GBps/4000) > 1e-12 {
 		t.Fatalf("summary %+v", r)
@@ -289,7 +291,8 @@ func TestCUDAReportJSON(t *testing.T) {
 	}
 	var tbl strings.Builder
 	rep.Table(&tbl)
-	for _, want := range []string{"read probe: 4000.0 GB/s", "of probe", "prod+graph+pdl", "note: x+graph+pdl not run"} {
+	for _, want := range []string{"read probe: 4000.0 GB/s", "of probe", "prod+graph+pdl", "note: x+graph+pdl not run",
+		"best checked variant: prod, 2666.7 GB/s = 66.7% of the read probe", "loads-only ceiling: loads, 4000.0 GB/s = 100.0% of the read probe"} {
 		if !strings.Contains(tbl.String(), want) {
 			t.Fatalf("table lacks %q:\n%s", want, tbl.String())
 		}

@@ -405,6 +405,26 @@ func (r *Report) Table(w interface{ Write([]byte) (int, error) }) {
 		}
 		fmt.Fprintf(w, "%-*s %10.3f %10.3f %9.2f%s %8.3f %8.3f %8.3f  %-22s %s\n", name, x.Variant, x.MedianMS, x.MinMS, x.GBps, extra, x.Ratio, x.RatioQ1, x.RatioQ3, x.Check, status)
 	}
+	if probe {
+		best, ceil := -1, -1
+		for i, x := range r.Results {
+			switch {
+			case x.Tol < 0 && (ceil < 0 || x.GBps > r.Results[ceil].GBps):
+				ceil = i
+			case x.Tol >= 0 && !x.Failed && (best < 0 || x.GBps > r.Results[best].GBps):
+				best = i
+			}
+		}
+		for _, p := range []struct {
+			what string
+			i    int
+		}{{"best checked variant", best}, {"loads-only ceiling", ceil}} {
+			if p.i >= 0 {
+				x := r.Results[p.i]
+				fmt.Fprintf(w, "%s: %s, %.1f GB/s = %.1f%% of the read probe\n", p.what, x.Variant, x.GBps, 100*x.OfProbe)
+			}
+		}
+	}
 	fmt.Fprintln(w)
 	seen := map[string]bool{}
 	for _, x := range r.Results {
