@@ -36,6 +36,9 @@ device's read-probe bandwidth and each arm's fraction of it.`,
 			if err != nil {
 				return err
 			}
+			if d.kind == "cpu" && modes != "" {
+				return fmt.Errorf("lab: --modes %s: launch modes are for --device cuda", modes)
+			}
 			if d.kind != "cpu" {
 				// Without a usable GPU this fails with the driver's reason.
 				dev, err := openCUDA(d.index, deviceSize{seqs: 1, ctx: 1})
