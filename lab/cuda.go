@@ -310,17 +310,19 @@ func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, err
 	if err != nil {
 		return nil, err
 	}
-	modes := opt.Modes
-	if modes == nil {
-		modes = Modes
+	asked := opt.Modes
+	if asked == nil {
+		asked = Modes
 	}
-	for _, m := range modes {
+	modes := []string{ModeSerial} // arm 0 is production in serial launches
+	for _, m := range asked {
+		m = strings.TrimSpace(m)
 		if !slices.Contains(Modes, m) {
 			return nil, fmt.Errorf("lab: no launch mode %q (have %s)", m, strings.Join(Modes, ", "))
 		}
-	}
-	if len(modes) == 0 || modes[0] != ModeSerial {
-		modes = append([]string{ModeSerial}, slices.DeleteFunc(slices.Clone(modes), func(m string) bool { return m == ModeSerial })...)
+		if !slices.Contains(modes, m) {
+			modes = append(modes, m)
+		}
 	}
 	dev, err := driver.Open(opt.Ordinal)
 	if err != nil {
