@@ -300,6 +300,25 @@ type arm struct {
 	graph driver.GraphExec
 }
 
+// launchModes validates the modes asked for (nil: all) and returns them
+// trimmed, once each, serial first (arm 0 is production in serial launches).
+func launchModes(asked []string) ([]string, error) {
+	if asked == nil {
+		asked = Modes
+	}
+	modes := []string{ModeSerial}
+	for _, m := range asked {
+		m = strings.TrimSpace(m)
+		if !slices.Contains(Modes, m) {
+			return nil, fmt.Errorf("lab: no launch mode %q (have %s)", m, strings.Join(Modes, ", "))
+		}
+		if !slices.Contains(modes, m) {
+			modes = append(modes, m)
+		}
+	}
+	return modes, nil
+}
+
 // RunCUDA runs the GPU lab on device opt.Ordinal: without a usable GPU it
 // returns the driver's error (wrapping driver.ErrNoDevice).
 func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, error) {
@@ -310,19 +329,9 @@ func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, err
 	if err != nil {
 		return nil, err
 	}
-	asked := opt.Modes
-	if asked == nil {
-		asked = Modes
-	}
-	modes := []string{ModeSerial} // arm 0 is production in serial launches
-	for _, m := range asked {
-		m = strings.TrimSpace(m)
-		if !slices.Contains(Modes, m) {
-			return nil, fmt.Errorf("lab: no launch mode %q (have %s)", m, strings.Join(Modes, ", "))
-		}
-		if !slices.Contains(modes, m) {
-			modes = append(modes, m)
-		}
+	modes, err := launchModes(opt.Modes)
+	if err != nil {
+		return nil, err
 	}
 	dev, err := driver.Open(opt.Ordinal)
 	if err != nil {

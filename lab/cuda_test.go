@@ -495,3 +495,24 @@ func TestProductionShare(t *testing.T) {
 		}
 	}
 }
+
+// TestLaunchModes: serial always first, each mode once, names trimmed,
+// unknown ones refused.
+func TestLaunchModes(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want []string
+	}{
+		{nil, Modes},
+		{[]string{"graph+pdl"}, []string{ModeSerial, ModePDL}},
+		{[]string{" graph", "serial", "graph"}, []string{ModeSerial, ModeGraph}},
+	} {
+		got, err := launchModes(c.in)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("launchModes(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+	if _, err := launchModes([]string{"pdl"}); err == nil {
+		t.Error("mode pdl accepted")
+	}
+}
