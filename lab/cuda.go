@@ -84,6 +84,7 @@ func CUDAVariants() []CUDAVariant {
 		{Name: "lma", Tol: TolReassoc, q4: q4("lab_q4_lma", 2), Doc: "masked nibbles, a lane per group, 2 rows a warp"},
 		{Name: "lmb", Tol: TolReassoc, q4: q4("lab_q4_lmb", 4), Doc: "masked nibbles, a lane per group, 4 rows a warp"},
 		{Name: "lm8", Tol: TolReassoc, q4: q4("lab_q4_lm8", 8), Doc: "masked nibbles, a lane per group, 8 rows a warp"},
+		{Name: "lmd", Tol: TolReassoc, q4: q4("lab_q4_lmd", 2), Doc: "masked nibbles in production's access pattern (2 rows a warp, double-buffered streaming 16-byte loads)"},
 		{Name: "dp4a", Tol: TolInt8, q4: &kspec{name: "lab_q4_dp4a", rpw: 2, int8: true, perm: true}, q8: &kspec{name: "lab_q8_dp4a", rpw: 2, int8: true},
 			Doc: "int8 activations (lab_quant_x once per group: blocks of 32 with a scale, as llama.cpp's mmvq) and dp4a, 2 rows a warp"},
 		{Name: "loads", Tol: -1, q4: q4("lab_q4_loads", 2), q8: &kspec{name: "lab_q8_loads", rpw: 2},

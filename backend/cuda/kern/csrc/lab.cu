@@ -278,6 +278,60 @@ extern "C" __global__ void __launch_bounds__(128) lab_q4_lm8(const uint8_t* __re
   q4_masked_rows<8>(W, rows, cols, x, y);
 }
 
+// lab_q4_lmd: masked nibbles in production's memory pattern — 2 rows a
+// warp, a lane per group, the next step's 16-byte weight loads issued
+// (streaming, __ldcs) before this step's math, the first before the PDL
+// wait: isolates the math from the access pattern against prod. RPW 2.
+extern "C" __global__ void __launch_bounds__(128) lab_q4_lmd(const uint8_t* __restrict__ W, int rows, int cols,
+                                                             const float* __restrict__ x, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31, o0 = (blockIdx.x * LAB_WARPS + (threadIdx.x >> 5)) * 2;
+  pdl_trigger();
+  if (o0 >= rows) return;
+  const Q4Row T(W, rows, cols);
+  const int nr = min(rows - o0, 2);
+  float lad[2], acc[2] = {0.0f, 0.0f};
+  uint4 cur[2], nxt[2];
+#pragma unroll
+  for (int a = 0; a < 2; a++) {
+    const int o = o0 + min(a, nr - 1);
+    lad[a] = T.rung(o, lane);
+    cur[a] = lane < T.gpr ? __ldcs((const uint4*)T.group(o, lane)) : make_uint4(0, 0, 0, 0);
+  }
+  pdl_wait();
+  for (int g0 = 0; g0 < T.gpr; g0 += 32) {
+    const int g = g0 + lane;
+    const bool on = g < T.gpr;
+    const int gg = on ? g : 0;
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+      nxt[a] = g + 32 < T.gpr ? __ldcs((const uint4*)T.group(o0 + min(a, nr - 1), g + 32)) : make_uint4(0, 0, 0, 0);
+    const float4* xv = (const float4*)(x + (size_t)gg * 32);
+    float4 xs[8];
+    float m8 = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      const float4 t = xv[q];
+      m8 += (t.x + t.y) + (t.z + t.w);
+      xs[q] = prescale(t);
+    }
+    m8 *= -8.0f;
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+      const int o = o0 + min(a, nr - 1);
+      const float sc = __shfl_sync(FULL_MASK, lad[a], on ? T.code(o, gg) : 0);
+      const uint4 b = cur[a];
+      const float gs = nib_dot4(b.x, xs[0]) + nib_dot4(b.x >> 16, xs[1]) + nib_dot4(b.y, xs[2]) + nib_dot4(b.y >> 16, xs[3]) +
+                       nib_dot4(b.z, xs[4]) + nib_dot4(b.z >> 16, xs[5]) + nib_dot4(b.w, xs[6]) + nib_dot4(b.w >> 16, xs[7]);
+      if (on) acc[a] += (gs + m8) * sc;
+      cur[a] = nxt[a];
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; a++) acc[a] = warp_sum(acc[a]);
+  if (lane == 0)
+    for (int a = 0; a < nr; a++) y[o0 + a] = acc[a];
+}
+
 // lab_quant_x: int8 activations for the dp4a forms, once per matvec input
 // (llama.cpp's q8_1 for mmvq): per block of 32, d = absmax/127, q = round(x/d),
 // xq[32·b ..] the quants, xd[2b] = d, xd[2b+1] = Σq (as float). perm != 0
