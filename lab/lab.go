@@ -190,6 +190,10 @@ type Result struct {
 	Tol      float64   `json:"tolerance"`
 	Failed   bool      `json:"failed"`
 	Times    []float64 `json:"times_ms"`
+	// GPU lab only: the launch mode ("serial", "graph", "graph+pdl") and
+	// GBps as a fraction of the device's read probe.
+	Mode    string  `json:"mode,omitempty"`
+	OfProbe float64 `json:"fraction_of_read_probe,omitempty"`
 }
 
 // Report is a lab run.
@@ -202,7 +206,14 @@ type Report struct {
 	WalkBytes int64    `json:"walk_bytes"`
 	Rounds    int      `json:"rounds"`
 	Results   []Result `json:"results"`
+	// GPU lab only: the streaming read bandwidth of the device measured
+	// over a buffer the walk's size (kern's probe_read, best of several),
+	// and notes on arms that could not run.
+	ReadProbeGBps float64  `json:"read_probe_gb_per_sec,omitempty"`
+	Notes         []string `json:"notes,omitempty"`
 }
+
+func nowUTC() string { return time.Now().UTC().Format(time.RFC3339) }
 
 // input is the walk's activation vector (the seed's pattern).
 func input(n int) []float32 {
@@ -220,7 +231,7 @@ func Run(ctx context.Context, groups []Group, vs []Variant, rounds int) (*Report
 	if len(groups) == 0 || len(vs) == 0 || rounds < 1 {
 		return nil, fmt.Errorf("lab: nothing to run (%d groups, %d variants, %d rounds)", len(groups), len(vs), rounds)
 	}
-	rep := &Report{Rounds: rounds, Groups: len(groups), Date: time.Now().UTC().Format(time.RFC3339)}
+	rep := &Report{Rounds: rounds, Groups: len(groups), Date: nowUTC()}
 	maxCols, maxRows := 0, 0
 	for _, g := range groups {
 		for _, t := range g {
@@ -259,33 +270,12 @@ func Run(ctx context.Context, groups []Group, vs []Variant, rounds int) (*Report
 				got := outs()
 				v.run(g, x, got)
 				for i, t := range g {
-					a, b := ref[gi][i][:t.M.Rows], got[i][:t.M.Rows]
-					var ss float64
-					for _, y := range a {
-						ss += float64(y) * float64(y)
-					}
-					rms := math.Sqrt(ss / float64(len(a)))
-					for j := range a {
-						if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
-							exact = false
-							d := math.Abs(float64(a[j]) - float64(b[j]))
-							if rms > 0 {
-								d /= rms
-							}
-							if math.IsNaN(d) {
-								d = math.Inf(1)
-							}
-							r.Worst = max(r.Worst, d)
-						}
-					}
+					e, w := compare(ref[gi][i][:t.M.Rows], got[i][:t.M.Rows])
+					exact = exact && e
+					r.Worst = max(r.Worst, w)
 				}
 			}
-			if exact {
-				r.Check = "bitwise"
-			} else {
-				r.Check = fmt.Sprintf("|Δ|/rms %.2e", r.Worst)
-			}
-			r.Failed = r.Worst > v.Tol
+			r.setCheck(exact)
 		}); err != nil {
 			return nil, err
 		}
@@ -309,6 +299,49 @@ func Run(ctx context.Context, groups []Group, vs []Variant, rounds int) (*Report
 			rep.Results[vi].Times = append(rep.Results[vi].Times, float64(d.Nanoseconds())/1e6)
 		}
 	}
+	rep.summarize()
+	return rep, nil
+}
+
+// compare returns whether got equals ref bitwise and the worst |Δ|/rms of
+// ref (a NaN difference counts as infinite).
+func compare(ref, got []float32) (exact bool, worst float64) {
+	var ss float64
+	for _, y := range ref {
+		ss += float64(y) * float64(y)
+	}
+	rms := math.Sqrt(ss / float64(max(len(ref), 1)))
+	exact = true
+	for j := range ref {
+		if math.Float32bits(ref[j]) != math.Float32bits(got[j]) {
+			exact = false
+			d := math.Abs(float64(ref[j]) - float64(got[j]))
+			if rms > 0 {
+				d /= rms
+			}
+			if math.IsNaN(d) {
+				d = math.Inf(1)
+			}
+			worst = max(worst, d)
+		}
+	}
+	return exact, worst
+}
+
+// setCheck fills the correctness column from Worst and Tol.
+func (r *Result) setCheck(exact bool) {
+	if exact {
+		r.Check = "bitwise"
+	} else {
+		r.Check = fmt.Sprintf("|Δ|/rms %.2e", r.Worst)
+	}
+	r.Failed = r.Worst > r.Tol
+}
+
+// summarize computes every result's statistics from its Times: median,
+// minimum, GB/s, and the per-round ratio to arm 0 (median, q1, q3), and
+// the fraction of the read probe where one was measured.
+func (rep *Report) summarize() {
 	arm0 := rep.Results[0].Times
 	for vi := range rep.Results {
 		r := &rep.Results[vi]
@@ -316,6 +349,9 @@ func Run(ctx context.Context, groups []Group, vs []Variant, rounds int) (*Report
 		slices.Sort(t)
 		r.MedianMS, r.MinMS = t[len(t)/2], t[0]
 		r.GBps = float64(rep.WalkBytes) / 1e6 / r.MedianMS
+		if rep.ReadProbeGBps > 0 {
+			r.OfProbe = r.GBps / rep.ReadProbeGBps
+		}
 		ratios := make([]float64, len(r.Times))
 		for i := range ratios {
 			ratios[i] = r.Times[i] / arm0[i]
@@ -323,7 +359,6 @@ func Run(ctx context.Context, groups []Group, vs []Variant, rounds int) (*Report
 		slices.Sort(ratios)
 		r.Ratio, r.RatioQ1, r.RatioQ3 = ratios[len(ratios)/2], ratios[len(ratios)/4], ratios[3*len(ratios)/4]
 	}
-	return rep, nil
 }
 
 // bracket runs f between the variant's enter and leave.
@@ -345,18 +380,62 @@ func bracket(v Variant, f func()) error {
 // Table writes the report as a text table.
 func (r *Report) Table(w interface{ Write([]byte) (int, error) }) {
 	fmt.Fprintf(w, "lab: %s on %s, %s\n", r.Model, r.Device, r.Date)
-	fmt.Fprintf(w, "walk: %d tensors in %d groups, %.3f GB; %d rounds round-robin\n\n", r.Tensors, r.Groups, float64(r.WalkBytes)/1e9, r.Rounds)
-	fmt.Fprintf(w, "%-10s %10s %10s %9s %8s %8s %8s  %-22s %s\n", "variant", "median ms", "min ms", "GB/s", "vs arm0", "q1", "q3", "check", "")
+	fmt.Fprintf(w, "walk: %d tensors in %d groups, %.3f GB; %d rounds round-robin\n", r.Tensors, r.Groups, float64(r.WalkBytes)/1e9, r.Rounds)
+	probe := r.ReadProbeGBps > 0
+	if probe {
+		fmt.Fprintf(w, "read probe: %.1f GB/s over a buffer of the walk's size (the machine's limit; \"of probe\" below)\n", r.ReadProbeGBps)
+	}
+	fmt.Fprintln(w)
+	name := 10
+	for _, x := range r.Results {
+		name = max(name, len(x.Variant))
+	}
+	extra, extraHead := "", ""
+	if probe {
+		extraHead = fmt.Sprintf(" %8s", "of probe")
+	}
+	fmt.Fprintf(w, "%-*s %10s %10s %9s%s %8s %8s %8s  %-22s %s\n", name, "variant", "median ms", "min ms", "GB/s", extraHead, "vs arm0", "q1", "q3", "check", "")
 	for _, x := range r.Results {
 		status := ""
 		if x.Failed {
 			status = fmt.Sprintf("FAILED (tolerance %.0e)", x.Tol)
 		}
-		fmt.Fprintf(w, "%-10s %10.3f %10.3f %9.2f %8.3f %8.3f %8.3f  %-22s %s\n", x.Variant, x.MedianMS, x.MinMS, x.GBps, x.Ratio, x.RatioQ1, x.RatioQ3, x.Check, status)
+		if probe {
+			extra = fmt.Sprintf(" %7.1f%%", 100*x.OfProbe)
+		}
+		fmt.Fprintf(w, "%-*s %10.3f %10.3f %9.2f%s %8.3f %8.3f %8.3f  %-22s %s\n", name, x.Variant, x.MedianMS, x.MinMS, x.GBps, extra, x.Ratio, x.RatioQ1, x.RatioQ3, x.Check, status)
+	}
+	if probe {
+		best, ceil := -1, -1
+		for i, x := range r.Results {
+			switch {
+			case x.Tol < 0 && (ceil < 0 || x.GBps > r.Results[ceil].GBps):
+				ceil = i
+			case x.Tol >= 0 && !x.Failed && (best < 0 || x.GBps > r.Results[best].GBps):
+				best = i
+			}
+		}
+		for _, p := range []struct {
+			what string
+			i    int
+		}{{"best checked variant", best}, {"loads-only ceiling", ceil}} {
+			if p.i >= 0 {
+				x := r.Results[p.i]
+				fmt.Fprintf(w, "%s: %s, %.1f GB/s = %.1f%% of the read probe\n", p.what, x.Variant, x.GBps, 100*x.OfProbe)
+			}
+		}
 	}
 	fmt.Fprintln(w)
+	seen := map[string]bool{}
 	for _, x := range r.Results {
-		fmt.Fprintf(w, "  %-10s %s\n", x.Variant, x.Doc)
+		v, _, _ := strings.Cut(x.Variant, "+")
+		if !seen[v] {
+			seen[v] = true
+			fmt.Fprintf(w, "  %-*s %s\n", name, v, x.Doc)
+		}
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
 	}
 }
 

@@ -96,3 +96,45 @@ func TestGPUFixtures(t *testing.T) {
 		}
 	}
 }
+
+// TestGPULabCommand: `cortiq lab --device cuda` on a tiny q4tp model
+// prints the GPU table (read probe, every launch mode) and its --json has
+// every arm with a passing check.
+func TestGPULabCommand(t *testing.T) {
+	needGPU(t)
+	path := filepath.Join(t.TempDir(), "tiny.cmf")
+	if _, err := cli(t, "synth", "--shape", "tiny_qwen3", "--quant", "q4tp", "-o", path); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cli(t, "lab", path, "--device", "cuda", "--rounds", "2")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"read probe:", "of probe", "prod+graph", "prod+graph+pdl", "loads", "dp4a", "hlfm"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("GPU lab table lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = cli(t, "lab", path, "--device", "cuda", "--rounds", "2", "--variants", "shf", "--modes", "graph", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Probe   float64 `json:"read_probe_gb_per_sec"`
+		Results []struct {
+			Variant, Mode, Check string
+			Failed               bool
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if rep.Probe <= 0 || len(rep.Results) != 4 || rep.Results[0].Variant != "prod" || rep.Results[3].Variant != "shf+graph" {
+		t.Fatalf("lab --json: %+v", rep)
+	}
+	for _, r := range rep.Results {
+		if r.Failed || r.Check == "" {
+			t.Errorf("%s: %s failed=%v", r.Variant, r.Check, r.Failed)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/lab"
@@ -13,7 +14,7 @@ func init() { commands = append(commands, newLab) }
 
 func newLab() *cobra.Command {
 	var rounds, threads int
-	var variants, device string
+	var variants, device, modes string
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "lab MODEL",
@@ -22,7 +23,10 @@ func newLab() *cobra.Command {
 then the head) on the model's real tensors, for every variant in turn (round-robin, so drift of the
 machine hits all alike), and prints per variant the median and minimum time, GB/s, the per-round
 ratio to arm 0 (the production kernel: median, q1, q3), and how its output on the first layer and the
-head compares with production ("bitwise" or the worst |Δ|/rms; over its tolerance it is FAILED).`,
+head compares with production ("bitwise" or the worst |Δ|/rms; over its tolerance it is FAILED).
+With --device cuda[:N] the walk is uploaded once and every CUDA variant runs in three launch modes
+(serial launches, one captured graph, a graph with PDL), GPU-timed with events; the table adds the
+device's read-probe bandwidth and each arm's fraction of it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rounds < 1 || rounds > 100000 {
@@ -32,9 +36,16 @@ head compares with production ("bitwise" or the worst |Δ|/rms; over its toleran
 			if err != nil {
 				return err
 			}
+			if d.kind == "cpu" && modes != "" {
+				return fmt.Errorf("lab: --modes %s: launch modes are for --device cuda", modes)
+			}
 			if d.kind != "cpu" {
-				// The CUDA variants come with the CUDA backend.
-				if _, err := openCUDA(d.index, deviceSize{seqs: 1, ctx: 1}); err != nil {
+				// Without a usable GPU this fails with the driver's reason.
+				dev, err := openCUDA(d.index, deviceSize{seqs: 1, ctx: 1})
+				if err != nil {
+					return fmt.Errorf("lab: --device %s: %w", device, err)
+				}
+				if err := dev.Close(); err != nil {
 					return fmt.Errorf("lab: --device %s: %w", device, err)
 				}
 			}
@@ -47,23 +58,34 @@ head compares with production ("bitwise" or the worst |Δ|/rms; over its toleran
 			if err != nil {
 				return err
 			}
-			pool := kernels.NewPool(threads)
-			defer pool.Close()
-			var single *kernels.Pool
-			if pool.Workers() > 1 {
-				single = kernels.NewPool(1)
-				defer single.Close()
-			}
-			vs, err := lab.Select(lab.CPUVariants(pool, single), variants)
-			if err != nil {
-				return err
-			}
-			rep, err := lab.Run(cmd.Context(), groups, vs, rounds)
-			if err != nil {
-				return err
+			var rep *lab.Report
+			if d.kind != "cpu" {
+				var modeList []string
+				if modes != "" {
+					modeList = strings.Split(modes, ",")
+				}
+				rep, err = lab.RunCUDA(cmd.Context(), groups, lab.CUDAOptions{Ordinal: d.index, Rounds: rounds, Variants: variants, Modes: modeList})
+				if err != nil {
+					return err
+				}
+			} else {
+				pool := kernels.NewPool(threads)
+				defer pool.Close()
+				var single *kernels.Pool
+				if pool.Workers() > 1 {
+					single = kernels.NewPool(1)
+					defer single.Close()
+				}
+				vs, err := lab.Select(lab.CPUVariants(pool, single), variants)
+				if err != nil {
+					return err
+				}
+				if rep, err = lab.Run(cmd.Context(), groups, vs, rounds); err != nil {
+					return err
+				}
+				rep.Device = fmt.Sprintf("cpu (%d threads, %s)", pool.Workers(), kernels.ISA())
 			}
 			rep.Model = args[0]
-			rep.Device = fmt.Sprintf("cpu (%d threads, %s)", pool.Workers(), kernels.ISA())
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -84,7 +106,8 @@ head compares with production ("bitwise" or the worst |Δ|/rms; over its toleran
 	}
 	c.Flags().IntVar(&rounds, "rounds", 9, "rounds of the walk per variant")
 	c.Flags().StringVar(&variants, "variants", "", "comma-separated variants to run besides production (default: all)")
-	c.Flags().StringVar(&device, "device", "cpu", "cpu, or cuda[:N] (the CUDA variants come with the CUDA backend)")
+	c.Flags().StringVar(&device, "device", "cpu", "cpu, or cuda[:N] (the CUDA variants of csrc/lab.cu, timed with events)")
+	c.Flags().StringVar(&modes, "modes", "", "CUDA launch modes, comma-separated: serial, graph, graph+pdl (default: all; serial always runs as arm 0)")
 	c.Flags().IntVarP(&threads, "threads", "t", 0, "CPU threads (0: all cores)")
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	return c

@@ -46,6 +46,9 @@ func TestLabCommand(t *testing.T) {
 	if _, err := cli(t, "lab", path, "--device", "cuda"); err == nil || !strings.Contains(err.Error(), "CUDA") {
 		t.Fatalf("lab --device cuda without a GPU backend: %v", err)
 	}
+	if _, err := cli(t, "lab", path, "--modes", "graph"); err == nil || !strings.Contains(err.Error(), "--device cuda") {
+		t.Fatalf("lab --modes on the CPU: %v", err)
+	}
 	if _, err := cli(t, "lab", path, "--variants", "nope"); err == nil {
 		t.Fatal("unknown variant accepted")
 	}
