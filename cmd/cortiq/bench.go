@@ -74,7 +74,7 @@ func newBench() *cobra.Command {
 				maxBatch = max(maxBatch, b)
 			}
 			rep := &bench.Report{Threads: threads, Machine: machineName(), Date: time.Now().UTC().Format(time.RFC3339),
-				Command: "cortiq " + strings.Join(os.Args[1:], " ")}
+				Command: commandLine(cmd, args)}
 			var prober *bench.Prober
 			if !noProbe {
 				prober = bench.NewProber(int64(probeMB)<<20, threads)
@@ -137,6 +137,35 @@ func newBench() *cobra.Command {
 	addDeviceFlag(c, &device)
 	addNoVerify(c, &noVerify)
 	return c
+}
+
+// benchFlags are bench's flags in the order commandLine spells them.
+var benchFlags = []string{"model", "p", "n", "r", "threads", "depths", "batches", "device", "probe-mb", "no-probe", "no-verify", "json", "md", "plot"}
+
+// commandLine spells the command as run: the flags set, in name order
+// (slices as the comma lists they were given in), then the arguments.
+func commandLine(cmd *cobra.Command, args []string) string {
+	parts := []string{"cortiq", cmd.Name()}
+	for _, n := range benchFlags {
+		f := cmd.Flags().Lookup(n)
+		if f == nil || !f.Changed {
+			continue
+		}
+		v := f.Value.String()
+		if strings.HasSuffix(f.Value.Type(), "Slice") {
+			v = strings.Trim(v, "[]")
+		}
+		dash := "--"
+		if len(n) == 1 {
+			dash = "-"
+		}
+		if f.Value.Type() == "bool" && v == "true" {
+			parts = append(parts, dash+n)
+			continue
+		}
+		parts = append(parts, dash+n+" "+v)
+	}
+	return strings.Join(append(parts, args...), " ")
 }
 
 // replotJSON draws the report of an earlier --json run to plotPath.
