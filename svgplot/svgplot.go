@@ -125,13 +125,19 @@ func esc(s string) string {
 		case '"':
 			b.WriteString("&quot;")
 		default:
-			if r < 0x20 && r != '\t' {
+			if !xmlChar(r) {
 				continue // not allowed in XML 1.0
 			}
 			b.WriteRune(r)
 		}
 	}
 	return b.String()
+}
+
+// xmlChar reports whether r may appear in XML 1.0 text (invalid UTF-8
+// has already become U+FFFD, which may).
+func xmlChar(r rune) bool {
+	return r == '\t' || r == '\n' || r == '\r' || r >= 0x20 && r <= 0xD7FF || r >= 0xE000 && r <= 0xFFFD || r >= 0x10000 && r <= 0x10FFFF
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

@@ -302,3 +302,43 @@ func countPixels(img image.Image) (int, []int) {
 }
 
 func abs(x int) int { return max(x, -x) }
+
+// FuzzWrite: whatever the names (model paths, user text) and values, the
+// figure is well-formed XML and draws only finite points.
+func FuzzWrite(f *testing.F) {
+	f.Add("a (q4tp)", "tg64", 1.0, 40.0, 2.0, 35.0)
+	f.Add("<&\"\x00\xff\uFFFE", "]]>", math.NaN(), math.Inf(1), -1e308, 1e308)
+	f.Fuzz(func(t *testing.T, name, group string, x0, y0, x1, y1 float64) {
+		fig := &Figure{Title: name, Caption: []string{group + name}, Panels: []Panel{
+			{Title: name, XLabel: group, YLabel: name, Series: []Series{{Name: name, X: []float64{x0, x1}, Y: []float64{y0, y1}}}},
+			{Title: group, Bars: []Bar{{Group: group, Name: name, Value: y0}, {Group: name, Name: group, Value: y1, Hatched: true}}},
+		}}
+		var b bytes.Buffer
+		if err := fig.Write(&b); err != nil {
+			t.Fatal(err)
+		}
+		d := xml.NewDecoder(&b)
+		circles := 0
+		for {
+			tok, err := d.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("not well-formed: %v", err)
+			}
+			if e, ok := tok.(xml.StartElement); ok && e.Name.Local == "circle" {
+				circles++
+			}
+		}
+		want := 0
+		for _, p := range [][2]float64{{x0, y0}, {x1, y1}} {
+			if finite(p[0]) && finite(p[1]) {
+				want++
+			}
+		}
+		if circles != want {
+			t.Errorf("%d points drawn, want %d", circles, want)
+		}
+	})
+}
