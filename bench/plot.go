@@ -27,7 +27,7 @@ func label(r *Result) string {
 func (r *Report) Figure(peers []Peer) (*svgplot.Figure, error) {
 	depth := svgplot.Panel{Title: "decode tok/s vs context depth", XLabel: "context depth (tokens already in the cache)", YLabel: "decode tok/s (one sequence)"}
 	batch := svgplot.Panel{Title: "aggregate decode tok/s vs batch size", XLabel: "sequences decoded together (batch)", YLabel: "aggregate decode tok/s"}
-	vs := svgplot.Panel{Title: "cortiq (measured here) vs llama.cpp (quoted)", XLabel: "test: peer format / cortiq format", YLabel: "tok/s"}
+	vs := svgplot.Panel{Title: "cortiq (measured here) vs llama.cpp (quoted)", XLabel: "test and format: llama.cpp | cortiq", YLabel: "tok/s"}
 	series := func(p *svgplot.Panel, name string) *svgplot.Series {
 		for i := range p.Series {
 			if p.Series[i].Name == name {
@@ -55,9 +55,9 @@ func (r *Report) Figure(peers []Peer) (*svgplot.Figure, error) {
 			if !p.Matches(x, r.Device, x.Threads) {
 				continue
 			}
-			g := fmt.Sprintf("%s %s/%s", p.Test, p.Quant, x.Quant)
+			g := fmt.Sprintf("%s\n%s | %s", p.Test, p.Quant, x.Quant)
 			if x.Test != p.Test {
-				g = fmt.Sprintf("%s %s / %s %s", p.Test, p.Quant, x.Test, x.Quant)
+				g = fmt.Sprintf("%s | %s\n%s | %s", p.Test, x.Test, p.Quant, x.Quant)
 			}
 			vs.Bars = append(vs.Bars,
 				svgplot.Bar{Group: g, Name: "cortiq, measured here", Value: x.TokPerSec},

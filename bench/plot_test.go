@@ -189,8 +189,8 @@ func TestFigure(t *testing.T) {
 		t.Errorf("series %v", pts)
 	}
 	wantBars := []svgBar{
-		{"pp128 Q4_0/q4tp", "cortiq, measured here", "330", "false"}, {"pp128 Q4_0/q4tp", "llama.cpp, quoted", "259", "true"},
-		{"tg64 Q4_0 / tg32 q4tp", "cortiq, measured here", "50", "false"}, {"tg64 Q4_0 / tg32 q4tp", "llama.cpp, quoted", "48.8", "true"},
+		{"pp128\nQ4_0 | q4tp", "cortiq, measured here", "330", "false"}, {"pp128\nQ4_0 | q4tp", "llama.cpp, quoted", "259", "true"},
+		{"tg64 | tg32\nQ4_0 | q4tp", "cortiq, measured here", "50", "false"}, {"tg64 | tg32\nQ4_0 | q4tp", "llama.cpp, quoted", "48.8", "true"},
 	}
 	if !slices.Equal(bars, wantBars) {
 		t.Errorf("bars\n%v\nwant\n%v", bars, wantBars)

@@ -124,6 +124,8 @@ func esc(s string) string {
 			b.WriteString("&gt;")
 		case '"':
 			b.WriteString("&quot;")
+		case '\n', '\r', '\t': // kept as they are inside attributes
+			fmt.Fprintf(&b, "&#%d;", r)
 		default:
 			if !xmlChar(r) {
 				continue // not allowed in XML 1.0
@@ -171,7 +173,7 @@ func (f *Figure) Write(w io.Writer) error {
 
 // Plot area inside a panel.
 const (
-	left, right, top, bottom = 62, 14, 28, 48
+	left, right, top, bottom = 62, 14, 28, 54
 )
 
 func (p *Panel) frame(b *strings.Builder, pw, ph int, ys Scale, yt []float64) {
@@ -327,7 +329,13 @@ func (p *Panel) bars(b *strings.Builder, pw, ph int) {
 			}
 			fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" font-size="10">%s</text></g>`+"\n", x+(bw-2)/2, y-3, strconv.FormatFloat(r.Value, 'f', 1, 64))
 		}
-		fmt.Fprintf(b, `<text class="xtick" x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+gw*(float64(g)+0.5), ph-bottom+16, esc(name))
+		// A group label may hold several lines (split at "\n").
+		cx := float64(left) + gw*(float64(g)+0.5)
+		fmt.Fprintf(b, `<text class="xtick" x="%.1f" y="%d" text-anchor="middle" font-size="11">`, cx, ph-bottom+15)
+		for k, l := range strings.Split(name, "\n") {
+			fmt.Fprintf(b, `<tspan x="%.1f" dy="%d">%s</tspan>`, cx, min(k, 1)*13, esc(l))
+		}
+		b.WriteString("</text>\n")
 	}
 	p.legend(b, pw, names, hatched, false)
 }

@@ -176,8 +176,8 @@ func TestWriteSeries(t *testing.T) {
 		t.Errorf("legend %q", p.legend)
 	}
 	// The pixel positions follow the scales: depth panel x ticks 0..5000
-	// over [62, 406], y ticks 0..40 over [272, 28].
-	xs, ys := Scale{0, 5000, 62, 406}, Scale{0, 40, 272, 28}
+	// over [62, 406], y ticks 0..40 over [266, 28].
+	xs, ys := Scale{0, 5000, 62, 406}, Scale{0, 40, 266, 28}
 	for k, pt := range p.pixels["b <q8_row>"] {
 		d := want["b <q8_row>"][k]
 		if math.Abs(pt[0]-xs.At(d[0])) > 0.051 || math.Abs(pt[1]-ys.At(d[1])) > 0.051 {
