@@ -76,6 +76,7 @@ type Report struct {
 	Device  string `json:"device,omitempty"` // the device's name: cpu (2 threads, avx512), a GPU's
 	Date    string `json:"date,omitempty"`   // RFC 3339, UTC
 	Command string `json:"command,omitempty"`
+	Note    string `json:"note,omitempty"` // a caption line (how loaded the machine was)
 }
 
 // DecodeBytes returns the weight bytes one decode step reads: every

@@ -99,6 +99,9 @@ func (r *Report) Figure(peers []Peer) (*svgplot.Figure, error) {
 	if r.Command != "" {
 		f.Caption = append(f.Caption, "command: "+r.Command)
 	}
+	if r.Note != "" {
+		f.Caption = append(f.Caption, "note: "+r.Note)
+	}
 	if r.ReadBandwidth > 0 {
 		f.Caption = append(f.Caption, fmt.Sprintf("read bandwidth probed at the start of the run: %.1f GB/s; tok/s are means over the repetitions", r.ReadBandwidth/1e9))
 	}

@@ -157,7 +157,7 @@ func TestFigure(t *testing.T) {
 	r := func(model, quant, shape, test, series string, d, b, threads int, v float64) Result {
 		return Result{Model: model, Quant: quant, Shape: shape, Test: test, Series: series, Depth: d, Batch: b, Threads: threads, TokPerSec: v}
 	}
-	rep := &Report{Threads: 2, Device: "cpu (2 threads, avx512)", Machine: "test box", Date: "2026-12-01T20:00:00Z", Command: "cortiq bench a b", ReadBandwidth: 45e9,
+	rep := &Report{Threads: 2, Device: "cpu (2 threads, avx512)", Machine: "test box", Date: "2026-12-01T20:00:00Z", Command: "cortiq bench a b", Note: "the machine was loaded", ReadBandwidth: 45e9,
 		Results: []Result{
 			r("/m/q4.cmf", "q4tp", "llama1b", "pp128", "", 0, 0, 2, 330),
 			r("/m/q4.cmf", "q4tp", "llama1b", "tg32", "", 0, 0, 2, 50),
@@ -195,7 +195,7 @@ func TestFigure(t *testing.T) {
 	if !slices.Equal(bars, wantBars) {
 		t.Errorf("bars\n%v\nwant\n%v", bars, wantBars)
 	}
-	for _, s := range []string{"measured here: test box, device cpu (2 threads, avx512), 2 threads, 2026-12-01T20:00:00Z", "command: cortiq bench a b",
+	for _, s := range []string{"measured here: test box, device cpu (2 threads, avx512), 2 threads, 2026-12-01T20:00:00Z", "command: cortiq bench a b", "note: the machine was loaded",
 		"quoted, not rerun here: " + srcCPU} {
 		if !slices.Contains(text, s) {
 			t.Errorf("caption %q missing: %q", s, text)

@@ -173,11 +173,11 @@ func (f *Figure) Write(w io.Writer) error {
 
 // Plot area inside a panel.
 const (
-	left, right, top, bottom = 62, 14, 28, 54
+	left, right, top, bottom = 62, 14, 52, 54
 )
 
 func (p *Panel) frame(b *strings.Builder, pw, ph int, ys Scale, yt []float64) {
-	fmt.Fprintf(b, `<text x="%d" y="16" text-anchor="middle" font-size="13" font-weight="bold">%s</text>`+"\n", pw/2, esc(p.Title))
+	fmt.Fprintf(b, `<text x="%d" y="14" text-anchor="middle" font-size="13" font-weight="bold">%s</text>`+"\n", pw/2, esc(p.Title))
 	for _, v := range yt {
 		y := ys.At(v)
 		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`, left, y, pw-right, y)
@@ -189,37 +189,22 @@ func (p *Panel) frame(b *strings.Builder, pw, ph int, ys Scale, yt []float64) {
 	fmt.Fprintf(b, `<text class="ylabel" transform="translate(14,%d) rotate(-90)" text-anchor="middle">%s</text>`+"\n", (top+ph-bottom)/2, esc(p.YLabel))
 }
 
-// legend lists names (and the hatched "quoted" key) in a box at the top
-// left of the plot area, or the top right when right is set.
-func (p *Panel) legend(b *strings.Builder, pw int, names []string, hatched, atRight bool) {
-	rows := len(names)
-	if hatched {
-		rows++
-	}
-	if rows == 0 {
-		return
-	}
-	wide := 0
-	for _, n := range names {
-		wide = max(wide, len([]rune(n)))
-	}
-	if hatched {
-		wide = max(wide, len("quoted (targets.md), not measured here"))
-	}
-	boxW := min(26+7*wide, pw-left-right-8)
-	x, y := left+6, top+4
-	if atRight {
-		x = pw - right - 4 - boxW
-	}
-	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="white" fill-opacity="0.85" stroke="#bbb"/>`+"\n", x, y, boxW, 16*rows+6)
-	x, y = x+5, y+5
+// legend lists the names in rows between the panel's title and its plot
+// area (never over the data); a hatched name's swatch is hatched.
+func (p *Panel) legend(b *strings.Builder, pw int, names []string, hatched map[string]bool) {
+	x, y := left, 22
 	for i, n := range names {
+		w := 26 + 7*len([]rune(n))
+		if x+w > pw-right && x > left {
+			x, y = left, y+14
+		}
 		c := Palette[i%len(Palette)]
-		fmt.Fprintf(b, `<g class="legend"><rect x="%d" y="%d" width="14" height="10" fill="%s"/><text x="%d" y="%d">%s</text></g>`+"\n", x, y+16*i, c, x+18, y+16*i+9, esc(n))
-	}
-	if hatched {
-		y += 16 * len(names)
-		fmt.Fprintf(b, `<g class="legend"><rect x="%d" y="%d" width="14" height="10" fill="#777"/><rect x="%[1]d" y="%[2]d" width="14" height="10" fill="url(#hatch)"/><text x="%[3]d" y="%[4]d">quoted (targets.md), not measured here</text></g>`+"\n", x, y, x+18, y+9)
+		fmt.Fprintf(b, `<g class="legend"><rect x="%d" y="%d" width="14" height="10" fill="%s"/>`, x, y, c)
+		if hatched[n] {
+			fmt.Fprintf(b, `<rect x="%d" y="%d" width="14" height="10" fill="url(#hatch)"/>`, x, y)
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%d" font-size="11">%s</text></g>`+"\n", x+18, y+9, esc(n))
+		x += w
 	}
 }
 
@@ -257,17 +242,6 @@ func (p *Panel) lines(b *strings.Builder, pw, ph int) {
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/><text class="xtick" x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, ph-bottom, x, ph-bottom+5, x, ph-bottom+18, Label(v))
 	}
 	var names []string
-	crowdL, crowdR := 0, 0 // points under the legend's two possible places
-	mid, band := float64(left+pw-right)/2, float64(top)+0.4*float64(ph-bottom-top)
-	for _, s := range ss {
-		for k := range s.X {
-			if x, y := xs.At(s.X[k]), ys.At(s.Y[k]); y < band && x < mid {
-				crowdL++
-			} else if y < band {
-				crowdR++
-			}
-		}
-	}
 	for i, s := range ss {
 		c := Palette[i%len(Palette)]
 		var pts []string
@@ -282,13 +256,13 @@ func (p *Panel) lines(b *strings.Builder, pw, ph int) {
 		b.WriteString("</g>\n")
 		names = append(names, s.Name)
 	}
-	p.legend(b, pw, names, false, crowdR < crowdL)
+	p.legend(b, pw, names, nil)
 }
 
 func (p *Panel) bars(b *strings.Builder, pw, ph int) {
 	var groups, names []string
 	gi, ni := map[string]int{}, map[string]int{}
-	ymax, hatched := 0.0, false
+	ymax, hatched := 0.0, map[string]bool{}
 	var bs []Bar
 	for _, r := range p.Bars {
 		if !finite(r.Value) {
@@ -304,9 +278,9 @@ func (p *Panel) bars(b *strings.Builder, pw, ph int) {
 			names = append(names, r.Name)
 		}
 		ymax = max(ymax, r.Value)
-		hatched = hatched || r.Hatched
+		hatched[r.Name] = hatched[r.Name] || r.Hatched
 	}
-	yt, ys := yScale(ymax*1.4, ph) // head room for the legend
+	yt, ys := yScale(ymax*1.08, ph) // room for the value labels
 	p.frame(b, pw, ph, ys, yt)
 	gw := float64(pw-left-right) / float64(max(len(groups), 1))
 	// Each group holds its own bars side by side, in legend order.
@@ -337,5 +311,5 @@ func (p *Panel) bars(b *strings.Builder, pw, ph int) {
 		}
 		b.WriteString("</text>\n")
 	}
-	p.legend(b, pw, names, hatched, false)
+	p.legend(b, pw, names, hatched)
 }

@@ -25,7 +25,7 @@ func newBench() *cobra.Command {
 	var device string
 	var path string
 	var depths, batches []int
-	var plotPath, replot string
+	var plotPath, replot, note string
 	models := modelArgs(&path, -1)
 	c := &cobra.Command{
 		Use:   "bench MODEL [MODEL...]",
@@ -38,7 +38,7 @@ func newBench() *cobra.Command {
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if replot != "" {
-				return replotJSON(replot, plotPath, path, args)
+				return replotJSON(replot, plotPath, note, path, args)
 			}
 			if path != "" {
 				args = append([]string{path}, args...)
@@ -74,7 +74,7 @@ func newBench() *cobra.Command {
 				maxBatch = max(maxBatch, b)
 			}
 			rep := &bench.Report{Threads: threads, Machine: machineName(), Date: time.Now().UTC().Format(time.RFC3339),
-				Command: commandLine(cmd, args)}
+				Command: commandLine(cmd, args), Note: note}
 			var prober *bench.Prober
 			if !noProbe {
 				prober = bench.NewProber(int64(probeMB)<<20, threads)
@@ -133,6 +133,7 @@ func newBench() *cobra.Command {
 	c.Flags().IntSliceVar(&depths, "depths", nil, "also time tg at these context depths (prefill to each, then decode -n tokens), e.g. 0,512,2048")
 	c.Flags().IntSliceVar(&batches, "batches", nil, "also time aggregate tg of this many sequences decoded together, e.g. 1,2,4,8")
 	c.Flags().StringVar(&plotPath, "plot", "", "write an SVG figure (tok/s vs depth, vs batch, beside llama.cpp's quoted figures) to this file")
+	c.Flags().StringVar(&note, "note", "", "a line for the figure's caption and the JSON (say how loaded the machine was)")
 	c.Flags().StringVar(&replot, "replot", "", "measure nothing: draw --plot from the output of an earlier bench --json")
 	addDeviceFlag(c, &device)
 	addNoVerify(c, &noVerify)
@@ -140,7 +141,7 @@ func newBench() *cobra.Command {
 }
 
 // benchFlags are bench's flags in the order commandLine spells them.
-var benchFlags = []string{"model", "p", "n", "r", "threads", "depths", "batches", "device", "probe-mb", "no-probe", "no-verify", "json", "md", "plot"}
+var benchFlags = []string{"model", "p", "n", "r", "threads", "depths", "batches", "device", "probe-mb", "no-probe", "no-verify", "json", "md", "plot", "note"}
 
 // commandLine spells the command as run: the flags set, in name order
 // (slices as the comma lists they were given in), then the arguments.
@@ -169,7 +170,7 @@ func commandLine(cmd *cobra.Command, args []string) string {
 }
 
 // replotJSON draws the report of an earlier --json run to plotPath.
-func replotJSON(from, plotPath, model string, args []string) error {
+func replotJSON(from, plotPath, note, model string, args []string) error {
 	if plotPath == "" {
 		return fmt.Errorf("bench --replot: give the figure's file with --plot")
 	}
@@ -183,6 +184,9 @@ func replotJSON(from, plotPath, model string, args []string) error {
 	var rep bench.Report
 	if err := json.Unmarshal(data, &rep); err != nil {
 		return fmt.Errorf("bench --replot %s: %w", from, err)
+	}
+	if note != "" {
+		rep.Note = note
 	}
 	return writePlot(plotPath, &rep)
 }
