@@ -49,7 +49,28 @@ type Figure struct {
 // Size returns the figure's width and height in pixels.
 func (f *Figure) Size() (int, int) {
 	pw, ph := f.panelSize()
-	return max(len(f.Panels), 1) * pw, 40 + ph + 18*len(f.Caption) + 12
+	return max(len(f.Panels), 1) * pw, 40 + ph + 18*len(f.captionLines()) + 12
+}
+
+// captionLines wraps the caption at spaces to the figure's width (about
+// 6.3 px a character at 11 px).
+func (f *Figure) captionLines() []string {
+	pw, _ := f.panelSize()
+	width := max((max(len(f.Panels), 1)*pw-20)*10/63, 20)
+	var out []string
+	for _, c := range f.Caption {
+		for len([]rune(c)) > width {
+			r := []rune(c)
+			cut := strings.LastIndex(string(r[:width]), " ")
+			if cut <= 0 {
+				cut = len(string(r[:width]))
+			}
+			out = append(out, c[:cut])
+			c = "    " + strings.TrimLeft(c[cut:], " ")
+		}
+		out = append(out, c)
+	}
+	return out
 }
 
 func (f *Figure) panelSize() (int, int) {
@@ -163,7 +184,7 @@ func (f *Figure) Write(w io.Writer) error {
 		}
 		b.WriteString("</g>\n")
 	}
-	for i, c := range f.Caption {
+	for i, c := range f.captionLines() {
 		fmt.Fprintf(&b, `<text class="caption" x="10" y="%d" font-size="11" fill="#333">%s</text>`+"\n", 40+ph+18*(i+1), esc(c))
 	}
 	b.WriteString("</svg>\n")

@@ -342,3 +342,25 @@ func FuzzWrite(f *testing.F) {
 		}
 	})
 }
+
+func TestCaptionWrap(t *testing.T) {
+	long := strings.Repeat("word ", 100)
+	f := &Figure{Caption: []string{"short", long}, Panels: []Panel{{}}}
+	lines := f.captionLines()
+	if len(lines) < 4 || lines[0] != "short" {
+		t.Fatalf("lines %q", lines)
+	}
+	n := 0
+	for _, l := range lines[1:] {
+		if len([]rune(l)) > (420-20)*10/63 {
+			t.Errorf("line of %d characters: %q", len(l), l)
+		}
+		n += strings.Count(l, "word")
+	}
+	if n != 100 {
+		t.Errorf("%d words after wrapping, want 100", n)
+	}
+	if _, h := f.Size(); h != 40+320+18*len(lines)+12 {
+		t.Errorf("height %d does not count the wrapped lines", h)
+	}
+}
