@@ -27,6 +27,13 @@ type Config struct {
 	Probe func() float64
 	// Now is the clock (nil: time.Now); tests give a fake one.
 	Now func() time.Time
+	// Depths, if set, add a tg test at each context depth: the context is
+	// prefilled to the depth (not timed), then Gen tokens are decoded.
+	Depths []int
+	// Batches, if set, add an aggregate tg test at each batch size: that
+	// many sequences decode Gen tokens together, one batched step
+	// (engine.Step) per token, each weight read once per step.
+	Batches []int
 }
 
 // Result is one test of one model.
@@ -37,7 +44,8 @@ type Result struct {
 	SizeBytes    int64     `json:"size_bytes"`
 	Params       int64     `json:"params"`
 	Threads      int       `json:"threads"`
-	Test         string    `json:"test"` // pp512, tg128
+	Shape        string    `json:"shape,omitempty"` // the synth shape the dimensions match (see ShapeName)
+	Test         string    `json:"test"`            // pp512, tg128
 	TokPerSec    float64   `json:"tok_per_sec"`
 	TokPerSecSD  float64   `json:"tok_per_sec_sd"`
 	Samples      []float64 `json:"samples"`
@@ -49,6 +57,13 @@ type Result struct {
 	// probes interleaved with its repetitions.
 	ReadBandwidth float64   `json:"read_bandwidth,omitempty"`
 	ProbeSamples  []float64 `json:"probe_samples,omitempty"`
+	// Series is "depth" or "batch" for the tests of Config.Depths and
+	// Config.Batches (tg64@d512: 64 tokens decoded after 512 in the
+	// context; tg64x4: 4 sequences of 64 tokens, TokPerSec summed over
+	// them), empty for the plain pp and tg tests.
+	Series string `json:"series,omitempty"`
+	Depth  int    `json:"depth,omitempty"`
+	Batch  int    `json:"batch,omitempty"`
 }
 
 // Report is a whole run.
@@ -56,6 +71,12 @@ type Report struct {
 	ReadBandwidth float64  `json:"read_bandwidth_bytes_per_sec"`
 	Threads       int      `json:"threads"`
 	Results       []Result `json:"results"`
+	// Where and when, for the caption of a plot.
+	Machine string `json:"machine,omitempty"`
+	Device  string `json:"device,omitempty"` // the device's name: cpu (2 threads, avx512), a GPU's
+	Date    string `json:"date,omitempty"`   // RFC 3339, UTC
+	Command string `json:"command,omitempty"`
+	Note    string `json:"note,omitempty"` // a caption line (how loaded the machine was)
 }
 
 // DecodeBytes returns the weight bytes one decode step reads: every
@@ -105,7 +126,8 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 	if now == nil {
 		now = time.Now
 	}
-	base := Result{Model: path, Arch: e.File.Header.Arch.ArchName, Quant: e.File.Header.QuantType, Threads: cfg.Threads}
+	base := Result{Model: path, Arch: e.File.Header.Arch.ArchName, Quant: e.File.Header.QuantType, Threads: cfg.Threads,
+		Shape: ShapeName(&e.File.Header.Arch)}
 	for _, t := range e.File.Tensors {
 		base.SizeBytes += t.Size
 		if t.DType != quant.U8 && t.DType != quant.I32 {
@@ -122,6 +144,9 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 		return ids
 	}
 	ctxLen := max(cfg.Prompt, cfg.Gen+1, 16)
+	for _, d := range cfg.Depths {
+		ctxLen = max(ctxLen, d+cfg.Gen+1)
+	}
 	s, err := e.NewSession(ctxLen)
 	if err != nil {
 		return nil, err
@@ -182,6 +207,22 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 			r.BandwidthPct = 100 * r.GBPerSec * 1e9 / bw
 		}
 		out = append(out, r)
+	}
+	if cfg.Gen > 0 {
+		for _, d := range cfg.Depths {
+			r, err := depthTest(ctx, e, s, base, cfg, d, tokens(d+cfg.Gen+1), now)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, withBandwidth(r, e, bw, 1))
+		}
+		for _, n := range cfg.Batches {
+			r, err := batchTest(ctx, e, base, cfg, n, tokens(cfg.Gen+n), now)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, withBandwidth(r, e, bw, n))
+		}
 	}
 	return out, nil
 }
