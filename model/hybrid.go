@@ -5,7 +5,6 @@ import (
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
-	"github.com/cortiq/cortiq/quant"
 )
 
 // The MoE / hybrid decoder shared by qwen3_moe, qwen3_next, qwen3_5 and
@@ -106,31 +105,6 @@ func hybridSpec(c *config, a *cmf.Arch) backend.SeqSpec {
 		}
 	}
 	return s
-}
-
-// arr decodes a float tensor of the given shape (conv weights) and makes
-// it resident as a flat vector.
-func (ld *loader) arr(name string, shape ...int) backend.Vec {
-	t, data := ld.tensor(name, shape...)
-	if t == nil {
-		return nil
-	}
-	switch t.DType {
-	case quant.F32, quant.F16, quant.BF16:
-	default:
-		ld.fail(fmt.Errorf("tensor %q is %s; it must be f32, f16 or bf16", name, t.DType))
-		return nil
-	}
-	v, err := quant.Decode(t.DType, data, t.Shape)
-	if err != nil {
-		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
-		return nil
-	}
-	bv, err := ld.dev.LoadVec(v)
-	if err != nil {
-		ld.fail(fmt.Errorf("tensor %q: %w", name, err))
-	}
-	return bv
 }
 
 // loadHybrid makes the weights of a hybrid model resident (canonical CMF

@@ -210,8 +210,12 @@ func (ld *loader) mat(name string, rows, cols int) backend.Mat {
 
 // vec decodes a [n] vector (a norm weight or a bias) and makes it
 // resident; an absent optional vector is nil.
-func (ld *loader) vec(name string, n int) backend.Vec {
-	t, data := ld.tensor(name, n)
+func (ld *loader) vec(name string, n int) backend.Vec { return ld.arr(name, n) }
+
+// arr decodes a float tensor of the given shape (a norm weight, a bias,
+// conv weights) and makes it resident as a flat vector.
+func (ld *loader) arr(name string, shape ...int) backend.Vec {
+	t, data := ld.tensor(name, shape...)
 	if t == nil {
 		return nil
 	}
