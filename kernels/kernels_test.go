@@ -501,40 +501,6 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
-// TestMatVecGroupEqualsMatVec: the merged dispatch computes what one
-// MatVec per matrix computes, bitwise, for every format and row counts
-// that are not multiples of 4.
-func TestMatVecGroupEqualsMatVec(t *testing.T) {
-	r := rand.New(rand.NewPCG(7, 7))
-	p := NewPool(2)
-	defer p.Close()
-	for _, d := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
-		var ms []*Mat
-		for _, rows := range []int{37, 64, 5} {
-			m, _ := randMat(t, r, d, rows, 96)
-			ms = append(ms, m)
-		}
-		x := make([]float32, 96)
-		for i := range x {
-			x[i] = r.Float32()*2 - 1
-		}
-		ys := make([][]float32, len(ms))
-		for i, m := range ms {
-			ys[i] = make([]float32, m.Rows)
-		}
-		p.MatVecGroup(ms, x, ys)
-		for i, m := range ms {
-			want := make([]float32, m.Rows)
-			p.MatVec(m, x, want)
-			for j := range want {
-				if math.Float32bits(want[j]) != math.Float32bits(ys[i][j]) {
-					t.Fatalf("%s matrix %d row %d: group %v, MatVec %v", d, i, j, ys[i][j], want[j])
-				}
-			}
-		}
-	}
-}
-
 // TestSetISA switches kernel sets by name and refuses unknown ones.
 func TestSetISA(t *testing.T) {
 	best := ISA()

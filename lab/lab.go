@@ -107,21 +107,23 @@ type Variant struct {
 // production path (arm 0). single is a one-worker pool for the
 // single-thread arm (nil: none).
 func CPUVariants(pool, single *kernels.Pool) []Variant {
+	// Production decode runs the tensors that share an input (q|k|v,
+	// gate|up) as one pool operation (Pool.MatVecs, backend/cpu).
 	prod := func(p *kernels.Pool) func(Group, []float32, [][]float32) {
 		return func(g Group, x []float32, ys [][]float32) {
+			jobs := make([]kernels.MatVecJob, len(g))
 			for i, t := range g {
-				p.MatVec(t.M, x, ys[i])
+				jobs[i] = kernels.MatVecJob{M: t.M, X: x, Y: ys[i]}
 			}
+			p.MatVecs(jobs)
 		}
 	}
 	vs := []Variant{
-		{Name: "prod", Doc: "production: one pool dispatch per tensor, kernel set " + kernels.ISA(), run: prod(pool)},
-		{Name: "merged", Doc: "q|k|v and gate|up as one pool dispatch over their rows", run: func(g Group, x []float32, ys [][]float32) {
-			ms := make([]*kernels.Mat, len(g))
+		{Name: "prod", Doc: "production: tensors sharing an input in one pool dispatch (Pool.MatVecs), kernel set " + kernels.ISA(), run: prod(pool)},
+		{Name: "split", Doc: "one pool dispatch per tensor (production before the grouped dispatch)", run: func(g Group, x []float32, ys [][]float32) {
 			for i, t := range g {
-				ms[i] = t.M
+				pool.MatVec(t.M, x, ys[i])
 			}
-			pool.MatVecGroup(ms, x, ys[:len(g)])
 		}},
 	}
 	for _, isa := range slices.Backward(kernels.ISAs()) {

@@ -56,7 +56,7 @@ func TestLabTinyModel(t *testing.T) {
 					t.Errorf("%s: times %v median %v GB/s %v", r.Variant, r.Times, r.MedianMS, r.GBps)
 				}
 			}
-			for _, v := range []string{"prod", "merged", "1thread"} {
+			for _, v := range []string{"prod", "split", "1thread"} {
 				if seen[v].Check != "bitwise" {
 					t.Errorf("%s: %q, want bitwise (same arithmetic as production)", v, seen[v].Check)
 				}
@@ -106,7 +106,7 @@ func TestLabCatchesAWrongVariant(t *testing.T) {
 
 func TestSelect(t *testing.T) {
 	vs := lab.CPUVariants(nil, nil)
-	got, err := lab.Select(vs, "loads, merged")
+	got, err := lab.Select(vs, "loads, split")
 	if err != nil || len(got) != 3 || got[0].Name != "prod" || got[1].Name != "loads" {
 		t.Fatalf("Select: %v %v", got, err)
 	}

@@ -19,12 +19,12 @@ func TestLabCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"walk: 15 tensors in 9 groups", "prod", "merged", "loads", "bitwise"} {
+	for _, want := range []string{"walk: 15 tensors in 9 groups", "prod", "split", "loads", "bitwise"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("lab table lacks %q:\n%s", want, out)
 		}
 	}
-	out, err = cli(t, "lab", path, "--rounds", "2", "--variants", "merged", "--json")
+	out, err = cli(t, "lab", path, "--rounds", "2", "--variants", "split", "--json")
 	if err != nil {
 		t.Fatal(err)
 	}
