@@ -225,12 +225,14 @@ func (d *Device) Do(f func(c *Ctx) error) error {
 		return ErrClosed
 	}
 	var err error
+	returned := false // f came back (false after done: it ended the thread)
 	done := make(chan struct{})
 	fn := func() {
 		defer close(done)
 		defer func() { d.ctx.active = false }()
 		d.ctx.active = true
 		err = f(&d.ctx)
+		returned = true
 	}
 	select {
 	case d.work <- fn:
@@ -238,9 +240,13 @@ func (d *Device) Do(f func(c *Ctx) error) error {
 		d.closed = true
 		return ErrClosed
 	}
-	select {
-	case <-done:
-	case <-d.stopped:
+	// The loop runs fn as soon as it receives it, and fn's deferred close
+	// of done runs even when f ends the thread.
+	<-done
+	if !returned {
+		// The thread is exiting (its deferred close of done ran first):
+		// wait until it has.
+		<-d.stopped
 	}
 	select {
 	case <-d.stopped:
