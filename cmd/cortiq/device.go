@@ -3,7 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -85,6 +85,10 @@ func openDevice(spec string, threads int, sz deviceSize) (backend.Device, error)
 		// A GPU is there but failed: never silently hide that.
 		return nil, fmt.Errorf("--device auto: the GPU could not be used (pass --device cpu to run on the CPU): %w", err)
 	}
-	slog.Warn("running on the CPU: " + strings.TrimPrefix(err.Error(), backend.ErrNoDevice.Error()+": "))
+	fmt.Fprintf(fallbackOut, "cortiq: running on the CPU: %s\n", strings.TrimPrefix(err.Error(), backend.ErrNoDevice.Error()+": "))
 	return cpu.New(threads), nil
 }
+
+// fallbackOut receives the one line --device auto prints when it falls
+// back to the CPU (standard error; tests replace it).
+var fallbackOut io.Writer = os.Stderr
