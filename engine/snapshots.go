@@ -112,8 +112,8 @@ func (st *snapStore) drop(s *Session, n int) {
 // (the cache is reset). Everything happens under the store's lock: a
 // session drops its snapshots here before it overwrites their positions,
 // so a source's rows cannot change during the copy. s's snapshots past
-// the resume point are dropped (its positions from there on are about to
-// be rewritten).
+// the resume point, and those its rows below it no longer hold (after a
+// restore from another session's rows), are dropped.
 func (st *snapStore) resume(s *Session, prompt []int, keep int) (int, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -146,8 +146,11 @@ func (st *snapStore) resume(s *Session, prompt []int, keep int) (int, error) {
 		s.cache.Reset()
 		at = 0
 	}
+	// s's positions from at on are about to be rewritten, and below at they
+	// now hold prompt[:at] (restoring from another session copies its rows):
+	// keep only the snapshots of s that are a prefix of that.
 	for i := 0; i < len(st.entries); {
-		if e := st.entries[i]; e.s == s && e.snap.Len > at {
+		if e := st.entries[i]; e.s == s && (e.snap.Len > at || !slices.Equal(e.ids, prompt[:e.snap.Len])) {
 			st.remove(i)
 			continue
 		}

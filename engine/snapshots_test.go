@@ -218,3 +218,66 @@ func TestHybridSnapshotConcurrent(t *testing.T) {
 		t.Fatalf("differs from a fresh prefill by %.3g of the RMS", d)
 	}
 }
+
+// TestHybridStaleSnapshotDropped: session B holds a snapshot of prefix P;
+// it then resumes from session C's snapshot of another prefix Q (copying
+// C's rows over its own), so its rows no longer hold P. A third session
+// with prompt P must not resume from B's old snapshot: its logits equal a
+// fresh prefill. (The server's concurrent test caught this as wrong greedy
+// text after prefix reuse.)
+func TestHybridStaleSnapshotDropped(t *testing.T) {
+	e := hybridEngine(t, engine.Options{SnapshotInterval: 8})
+	ids := func(s string) []int {
+		v, err := e.Encode(s, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	p := ids("one two three four five six seven eight nine ten eleven twelve thirteen")
+	q := ids("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho")
+	if len(p) < 10 || len(q) < 18 || slices.Equal(p[:8], q[:8]) {
+		t.Fatalf("prompts of %d and %d tokens do not fit the test", len(p), len(q))
+	}
+	sess := func() *engine.Session {
+		s, err := e.NewSession(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	b, c, a := sess(), sess(), sess()
+	if _, _, err := b.Prefill(p); err != nil { // B: snapshots of P at 8, len(P)
+		t.Fatal(err)
+	}
+	if _, _, err := c.Prefill(q); err != nil { // C: snapshots of Q at 8, 16
+		t.Fatal(err)
+	}
+	if _, _, err := b.Prefill(append(slices.Clone(q[:16]), p...)); err != nil { // B resumes from C's Q[:16]
+		t.Fatal(err)
+	}
+	got, _, err := a.Prefill(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = slices.Clone(got)
+	f := sess()
+	want, _, err := f.Prefill(p) // may reuse, but only valid snapshots
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := e.Model.NewCache(256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := e.Model.Forward(ref, p, 0, model.LastLogits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := relDiff(got, fresh); d > 1e-5 {
+		t.Fatalf("prompt P after B moved to Q: logits off a fresh prefill by %.3g of RMS (stale snapshot used)", d)
+	}
+	if d := relDiff(want, fresh); d > 1e-5 {
+		t.Fatalf("second session: %.3g", d)
+	}
+}

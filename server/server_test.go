@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -485,6 +486,7 @@ func TestHybridBatching(t *testing.T) {
 	ref := open()
 	const n = 8
 	want := make([]string, n)
+	minGap := make([]float64, n)
 	prompts := make([]string, n)
 	for i := range n {
 		prompts[i] = fmt.Sprintf("Shared opening words, then request %d %s", i%4, strings.Repeat("more ", i))
@@ -493,7 +495,19 @@ func TestHybridBatching(t *testing.T) {
 			t.Fatal(err)
 		}
 		sess, _ := ref.NewSession(256)
-		r, err := sess.Generate(context.Background(), ids, engine.GenOptions{MaxTokens: 6, IgnoreEOS: true})
+		// The smallest top-1 − top-2 log-probability gap of the greedy steps:
+		// resuming from a state snapshot equals a fresh prefill to rounding
+		// (the chunked delta rule over other chunk boundaries), which can flip
+		// a near-tie on these random weights.
+		minGap[i] = math.Inf(1)
+		opt := engine.GenOptions{MaxTokens: 6, IgnoreEOS: true, Sample: sample.Params{LogProbs: true, TopLogProbs: 2},
+			OnToken: func(r sample.Result) error {
+				if len(r.TopLogProbs) == 2 {
+					minGap[i] = min(minGap[i], float64(r.TopLogProbs[0].LogProb-r.TopLogProbs[1].LogProb))
+				}
+				return nil
+			}}
+		r, err := sess.Generate(context.Background(), ids, opt)
 		sess.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -517,8 +531,12 @@ func TestHybridBatching(t *testing.T) {
 		}
 		wg.Wait()
 		for i := range n {
-			if got[i] != want[i] {
-				t.Errorf("round %d request %d: batched %q, alone %q", round, i, got[i], want[i])
+			switch {
+			case got[i] == want[i]:
+			case minGap[i] < 1e-4:
+				t.Logf("round %d request %d: batched %q, alone %q after a near-tie (log-prob gap %.1e): not compared", round, i, got[i], want[i], minGap[i])
+			default:
+				t.Errorf("round %d request %d: batched %q, alone %q (smallest log-prob gap %.1e)", round, i, got[i], want[i], minGap[i])
 			}
 		}
 		if round == 1 && slices.Max(cached) == 0 {
