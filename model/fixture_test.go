@@ -39,10 +39,22 @@ type refCase struct {
 func loadFixture(t *testing.T, name string) []refCase {
 	t.Helper()
 	dir := filepath.Join(fixtureDir, name)
-	b, err := os.ReadFile(filepath.Join(dir, "reference.json"))
-	if os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, "reference.json")); os.IsNotExist(err) {
 		t.Skipf("fixture %s not present", name)
 	}
+	cases := readRefCases(t, name, filepath.Join(dir, "reference.json"), filepath.Join(dir, "reference.safetensors"))
+	if len(cases) == 0 {
+		t.Fatalf("%s: no cases in reference.json", name)
+	}
+	return cases
+}
+
+// readRefCases reads the cases of a reference JSON (refgen's or f64ref's
+// format) and their tensors: prompt ids, prompt logits, greedy ids and
+// their logits, with the greedy margins.
+func readRefCases(t *testing.T, name, jsonPath, stPath string) []refCase {
+	t.Helper()
+	b, err := os.ReadFile(jsonPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +68,7 @@ func loadFixture(t *testing.T, name string) []refCase {
 	if err := json.Unmarshal(b, &meta); err != nil {
 		t.Fatal(err)
 	}
-	st, err := safetensors.Open(filepath.Join(dir, "reference.safetensors"))
+	st, err := safetensors.Open(stPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +98,6 @@ func loadFixture(t *testing.T, name string) []refCase {
 			name: c.Name, prompt: ints(p + "prompt_ids"), logits: floats(p + "logits"),
 			greedy: ints(p + "greedy_ids"), greedyLogits: floats(p + "greedy_logits"), margins: c.GreedyMargins,
 		})
-	}
-	if len(cases) == 0 {
-		t.Fatalf("%s: no cases in reference.json", name)
 	}
 	return cases
 }

@@ -1,17 +1,13 @@
 package model_test
 
 import (
-	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
-	"github.com/cortiq/cortiq/safetensors"
 )
 
 // hybridFixtures are the MoE / hybrid fixtures; their truth is the
@@ -25,49 +21,7 @@ const f64Dir = "../testdata/f64"
 // logits, float64's own greedy ids, their logits and margins.
 func loadF64(t *testing.T, name string) []refCase {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(f64Dir, name+".json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var meta struct {
-		Cases []struct {
-			Name          string    `json:"name"`
-			TensorPrefix  string    `json:"tensor_prefix"`
-			GreedyMargins []float64 `json:"greedy_margins"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(b, &meta); err != nil {
-		t.Fatal(err)
-	}
-	st, err := safetensors.Open(filepath.Join(f64Dir, name+".safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	ints := func(n string) []int {
-		raw := st.Raw(n)
-		if raw == nil {
-			t.Fatalf("%s: no tensor %s", name, n)
-		}
-		out := make([]int, len(raw)/4)
-		for i := range out {
-			out[i] = int(int32(binary.LittleEndian.Uint32(raw[4*i:])))
-		}
-		return out
-	}
-	floats := func(n string) []float32 {
-		v, err := st.Float32(n)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		return v
-	}
-	var cases []refCase
-	for _, c := range meta.Cases {
-		p := c.TensorPrefix
-		cases = append(cases, refCase{name: c.Name, prompt: ints(p + "prompt_ids"), logits: floats(p + "logits"),
-			greedy: ints(p + "greedy_ids"), greedyLogits: floats(p + "greedy_logits"), margins: c.GreedyMargins})
-	}
+	cases := readRefCases(t, name, filepath.Join(f64Dir, name+".json"), filepath.Join(f64Dir, name+".safetensors"))
 	if len(cases) != 2 {
 		t.Fatalf("%s: %d cases", name, len(cases))
 	}
