@@ -71,20 +71,26 @@ const (
 	TolInt8 = 5e-2
 )
 
+// Production's q4tp and q8_row kernels run on int8 activations (matvec.cu's
+// mq_* kernels), so every checked variant — float32 activations, or the
+// lab's own int8 quantizer, which rounds x/d where production rounds
+// x·(127/amax) — is held to TolInt8 against arm 0; TolSameOrder and
+// TolReassoc apply again to variants of the int8 kernel itself.
+
 // CUDAVariants is the GPU variant table; the first is arm 0 (production).
 func CUDAVariants() []CUDAVariant {
 	q4 := func(name string, rpw int) *kspec { return &kspec{name: name, rpw: rpw} }
 	return []CUDAVariant{
-		{Name: "prod", Doc: "production: mv_q4tp_r1 / mv_q8row_r1 of matvec.cu (2 rows a warp, ladder rung by shuffle, double-buffered 16-byte loads)"},
-		{Name: "cur", Tol: TolSameOrder, q4: q4("lab_q4_cur", 4), Doc: "seed's cur: ladder in shared memory, 4 rows a warp, no double buffering"},
-		{Name: "shf", Tol: TolSameOrder, q4: q4("lab_q4_shf", 4), Doc: "seed's shf: ladder rung in a register fetched by warp shuffle, 4 rows a warp, no double buffering"},
-		{Name: "hlf", Tol: TolReassoc, q4: q4("lab_q4_hlf", 4), Doc: "two lanes per group (8 bytes each), 4 rows a warp"},
-		{Name: "hlfm", Tol: TolReassoc, q4: q4("lab_q4_hlf", 4), merged: true, Doc: "hlf with q|k|v and gate|up merged into one launch (lab_q4_hlfm)"},
-		{Name: "hma", Tol: TolReassoc, q4: q4("lab_q4_hma", 4), Doc: "two lanes per group, llama.cpp's masked nibbles (x prescaled by 16^-k, −8·Σx folded in)"},
-		{Name: "lma", Tol: TolReassoc, q4: q4("lab_q4_lma", 2), Doc: "masked nibbles, a lane per group, 2 rows a warp"},
-		{Name: "lmb", Tol: TolReassoc, q4: q4("lab_q4_lmb", 4), Doc: "masked nibbles, a lane per group, 4 rows a warp"},
-		{Name: "lm8", Tol: TolReassoc, q4: q4("lab_q4_lm8", 8), Doc: "masked nibbles, a lane per group, 8 rows a warp"},
-		{Name: "lmd", Tol: TolReassoc, q4: q4("lab_q4_lmd", 2), Doc: "masked nibbles in production's access pattern (2 rows a warp, double-buffered streaming 16-byte loads)"},
+		{Name: "prod", Doc: "production: mv_q4tp_r1 / mv_q8row_r1 of matvec.cu (int8 activations quantized per block in shared memory, dp4a, a warp per row, double-buffered 16-byte loads)"},
+		{Name: "cur", Tol: TolInt8, q4: q4("lab_q4_cur", 4), Doc: "seed's cur: ladder in shared memory, 4 rows a warp, no double buffering"},
+		{Name: "shf", Tol: TolInt8, q4: q4("lab_q4_shf", 4), Doc: "seed's shf: ladder rung in a register fetched by warp shuffle, 4 rows a warp, no double buffering"},
+		{Name: "hlf", Tol: TolInt8, q4: q4("lab_q4_hlf", 4), Doc: "two lanes per group (8 bytes each), 4 rows a warp"},
+		{Name: "hlfm", Tol: TolInt8, q4: q4("lab_q4_hlf", 4), merged: true, Doc: "hlf with q|k|v and gate|up merged into one launch (lab_q4_hlfm)"},
+		{Name: "hma", Tol: TolInt8, q4: q4("lab_q4_hma", 4), Doc: "two lanes per group, llama.cpp's masked nibbles (x prescaled by 16^-k, −8·Σx folded in)"},
+		{Name: "lma", Tol: TolInt8, q4: q4("lab_q4_lma", 2), Doc: "masked nibbles, a lane per group, 2 rows a warp"},
+		{Name: "lmb", Tol: TolInt8, q4: q4("lab_q4_lmb", 4), Doc: "masked nibbles, a lane per group, 4 rows a warp"},
+		{Name: "lm8", Tol: TolInt8, q4: q4("lab_q4_lm8", 8), Doc: "masked nibbles, a lane per group, 8 rows a warp"},
+		{Name: "lmd", Tol: TolInt8, q4: q4("lab_q4_lmd", 2), Doc: "masked nibbles in production's access pattern (2 rows a warp, double-buffered streaming 16-byte loads)"},
 		{Name: "dp4a", Tol: TolInt8, q4: &kspec{name: "lab_q4_dp4a", rpw: 2, int8: true, perm: true}, q8: &kspec{name: "lab_q8_dp4a", rpw: 2, int8: true},
 			Doc: "int8 activations (lab_quant_x once per group: blocks of 32 with a scale, as llama.cpp's mmvq) and dp4a, 2 rows a warp"},
 		{Name: "loads", Tol: -1, q4: q4("lab_q4_loads", 2), q8: &kspec{name: "lab_q8_loads", rpw: 2},
@@ -134,6 +140,7 @@ func NewLayout(groups []Group) Layout {
 // bufs are the device buffers of a lab run.
 type bufs struct {
 	W, X, XS, XQ, XD, Y driver.DevicePtr
+	SMs                 int // the device's multiprocessors (production launch shapes; 0: kern.DefaultSMs)
 }
 
 // launch is one kernel launch of a plan.
@@ -177,21 +184,11 @@ func planGroup(v CUDAVariant, g Group, gi int, l Layout, b bufs) ([]launch, erro
 			k = v.q8
 		}
 		if k == nil {
-			fam := ""
 			x := b.X
 			switch t.M.DType {
-			case quant.F32:
-				fam = "f32"
-			case quant.F16:
-				fam = "f16"
-			case quant.BF16:
-				fam = "bf16"
-			case quant.Q8Row:
-				fam = "q8row"
-			case quant.Q4TP:
-				fam = "q4tp"
+			case quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q4TP:
 			case quant.Q82F:
-				fam, x = "q8row", b.XS
+				x = b.XS
 				add("q82f_prescale", (cols+255)/256, 256, new(driver.Args).Ptr(w(j)).I64(quant.Q82FColOffset(rows, cols)).Int(cols).
 					Ptr(b.X).Int(cols).Ptr(b.XS).Int(cols))
 			default:
@@ -200,7 +197,15 @@ func planGroup(v CUDAVariant, g Group, gi int, l Layout, b bufs) ([]launch, erro
 			if t.M.DType == quant.Q4TP && cols%32 != 0 {
 				return nil, fmt.Errorf("lab: tensor %s: q4tp with %d columns", t.Name, cols)
 			}
-			add("mv_"+fam+"_r1", (rows+7)/8, 128, new(driver.Args).Ptr(w(j)).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0))
+			d := t.M.DType
+			if d == quant.Q82F {
+				d = quant.Q8Row // its quants on the prescaled x
+			}
+			name, cfg, err := kern.MatvecLaunch(d, rows, cols, 1, b.SMs)
+			if err != nil {
+				return nil, fmt.Errorf("lab: tensor %s: %w", t.Name, err)
+			}
+			ls = append(ls, launch{name, cfg, new(driver.Args).Ptr(w(j)).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)})
 			continue
 		}
 		if k.int8 {
@@ -340,6 +345,7 @@ func RunCUDA(ctx context.Context, groups []Group, opt CUDAOptions) (*Report, err
 	}
 	defer dev.Close()
 	s := &session{d: dev, groups: groups, vs: vs, lay: NewLayout(groups)}
+	s.b.SMs = dev.Info().SMs
 	defer s.release()
 	if err := dev.Do(s.setup(opt.ForcePTX)); err != nil {
 		return nil, fmt.Errorf("lab: %w", err)
@@ -586,6 +592,11 @@ func (s *session) queue(c *driver.Ctx, plan []launch, pdl bool) error {
 		}
 		cfg := x.cfg
 		cfg.Stream, cfg.PDL = s.stream, pdl
+		if cfg.Shared > 48<<10 {
+			if err := c.SetMaxDynamicShared(f, cfg.Shared); err != nil {
+				return fmt.Errorf("%s: %w", x.name, err)
+			}
+		}
 		if err := c.Launch(f, cfg, x.args); err != nil {
 			return fmt.Errorf("%s: %w", x.name, err)
 		}

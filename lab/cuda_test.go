@@ -112,8 +112,8 @@ func TestCUDAVariantTable(t *testing.T) {
 			if want := rpwOf[k.name]; k.rpw != want {
 				t.Errorf("%s: %s with %d rows a warp, lab.cu says %d", v.Name, k.name, k.rpw, want)
 			}
-			if k.int8 != (v.Tol == TolInt8) {
-				t.Errorf("%s: int8 activations %v with tolerance %g", v.Name, k.int8, v.Tol)
+			if v.Tol != TolInt8 && v.Tol >= 0 {
+				t.Errorf("%s: tolerance %g against an int8-activation production kernel (want TolInt8)", v.Name, v.Tol)
 			}
 		}
 		for gi, g := range groups {
@@ -126,7 +126,12 @@ func TestCUDAVariantTable(t *testing.T) {
 			}
 			for _, x := range ls {
 				used[x.name] = true
-				if x.cfg.Block != driver.D1(128) && x.name != "q82f_prescale" {
+				if strings.HasPrefix(x.name, "mv_") {
+					// Production kernels launch as the production Matvec does.
+					if x.cfg.Block != driver.D1(128) && x.cfg.Block != driver.D1(256) {
+						t.Errorf("%s: %s with block %v", v.Name, x.name, x.cfg.Block)
+					}
+				} else if x.cfg.Block != driver.D1(128) && x.name != "q82f_prescale" {
 					t.Errorf("%s: %s with block %v", v.Name, x.name, x.cfg.Block)
 				}
 				if rpw := rpwOf[x.name]; rpw > 0 && x.name != "lab_q4_hlfm" {

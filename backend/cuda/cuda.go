@@ -16,6 +16,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"sync"
@@ -46,6 +47,9 @@ type Options struct {
 	// shape whose launches (kernels, shapes, argument bytes), packed on
 	// the host first, equal the recording's.
 	Graphs bool
+	// Profile, when set, times every kernel of every step with events
+	// (steps run eagerly: no graphs) and Close writes the table to it.
+	Profile io.Writer
 }
 
 // Device is one GPU.
@@ -73,6 +77,8 @@ type Device struct {
 	st      *state
 	graphs  map[graphKey]graph
 	replays int
+	optin   map[string]int // kernels' opted-in dynamic shared memory (device thread only)
+	prof    *profile       // Options.Profile
 }
 
 // stageBytes is the pinned staging buffer used for uploads and per-step
@@ -105,7 +111,13 @@ func Open(opt Options) (*Device, error) {
 		}
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
+	if opt.Profile != nil {
+		opt.Graphs = false
+	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
+	if opt.Profile != nil {
+		d.prof = &profile{}
+	}
 	d.do = func(f func(r runner) error) error {
 		return dev.Do(func(c *driver.Ctx) error { return f(gpuRunner{c: c, d: d}) })
 	}
@@ -136,6 +148,10 @@ func (d *Device) Name() string {
 func (d *Device) Close() error {
 	if d.dev == nil {
 		return nil
+	}
+	if d.prof != nil {
+		d.WriteProfile(d.opt.Profile)
+		d.dev.Do(func(c *driver.Ctx) error { d.prof.destroy(c); return nil })
 	}
 	err := d.dev.Close()
 	d.dev = nil

@@ -10,6 +10,7 @@ import (
 	"github.com/cortiq/cortiq/backend/backendtest"
 	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -172,6 +173,20 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 		x, y := f.view(c.ptr(3), int(rowsSpan(R, ldx, cols)/4)), f.view(c.ptr(5), int(rowsSpan(R, ldy, rows)/4))
 		xat := x.at
+		if name[0] == 'm' && (fam == "q8row" || fam == "q4tp") {
+			// matvec.cu's mq_* kernels: int8 activations per block of 32.
+			xq := make([]float32, rowsSpan(R, ldx, cols)/4)
+			for r := range R {
+				row := make([]float32, cols)
+				for i := range row {
+					row[i] = x.at(r*ldx + i)
+				}
+				for i, v := range kern.ActQuant(row) {
+					xq[r*ldx+i] = float32(v)
+				}
+			}
+			xat = func(i int) float32 { return xq[i] }
+		}
 		if name[0] == 'g' {
 			// gemm.cu: activations rounded to bf16; so are non-q8
 			// weights (q8 quants are exact in bf16, their row scale is

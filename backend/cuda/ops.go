@@ -8,6 +8,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -32,6 +33,10 @@ type runner interface {
 	endCapture() (driver.GraphExec, error) // the instantiated graph
 	graphLaunch(g driver.GraphExec) error
 	destroyGraph(g driver.GraphExec) error
+	// profStart marks a step's start and profEnd collects its kernel
+	// times after the final sync (with Options.Profile; no-ops otherwise).
+	profStart() error
+	profEnd() error
 }
 
 // gpuRunner runs a step on the device's stream.
@@ -45,7 +50,39 @@ func (g gpuRunner) alloc(n int64) (driver.DevicePtr, error) { return g.c.Alloc(n
 func (g gpuRunner) free(p driver.DevicePtr) error           { return g.c.Free(p) }
 func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error {
 	cfg.Stream = g.d.strm
-	return g.d.mod.Launch(g.c, name, cfg, a)
+	if cfg.Shared > 48<<10 && g.d.optin[name] < cfg.Shared {
+		// Dynamic shared memory beyond 48 KB needs the kernel's opt-in.
+		fn, err := g.d.mod.Func(name)
+		if err != nil {
+			return err
+		}
+		if err := g.c.SetMaxDynamicShared(fn, cfg.Shared); err != nil {
+			return fmt.Errorf("cuda: %s: %w", name, err)
+		}
+		if g.d.optin == nil {
+			g.d.optin = map[string]int{}
+		}
+		g.d.optin[name] = cfg.Shared
+	}
+	if err := g.d.mod.Launch(g.c, name, cfg, a); err != nil {
+		return err
+	}
+	if g.d.prof != nil {
+		return g.d.prof.mark(g.c, g.d.strm, name)
+	}
+	return nil
+}
+func (g gpuRunner) profStart() error {
+	if g.d.prof == nil {
+		return nil
+	}
+	return g.d.prof.mark(g.c, g.d.strm, "")
+}
+func (g gpuRunner) profEnd() error {
+	if g.d.prof == nil {
+		return nil
+	}
+	return g.d.prof.collect(g.c)
 }
 func (g gpuRunner) sync() error   { return g.c.StreamSync(g.d.strm) }
 func (g gpuRunner) stage() []byte { return g.d.stage.Bytes() }
@@ -325,6 +362,9 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 	if err := r.htod(st.in, 0, 12*M); err != nil {
 		return err
 	}
+	if err := r.profStart(); err != nil {
+		return err
+	}
 	key := graphKey{rows: st.rows, logits: b.Logits}
 	graphs := st.rows == len(b.Seqs) && d.opt.Graphs && !d.opt.Eager
 	replayed := false
@@ -363,7 +403,10 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 			return err
 		}
 	}
-	return r.sync()
+	if err := r.sync(); err != nil {
+		return err
+	}
+	return r.profEnd()
 }
 
 // capture records step on the device's stream as the graph for key.
@@ -496,11 +539,21 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
 		return
 	}
-	for r0 := 0; r0 < rows; r0 += maxMatvecRows {
-		R := min(maxMatvecRows, rows-r0)
+	dt := m.dt
+	if dt == quant.Q82F {
+		dt = quant.Q8Row // its quants on the prescaled activations
+	}
+	per := kern.MatvecRowsPerLaunch(dt, m.cols)
+	for r0 := 0; r0 < rows; r0 += per {
+		R := min(per, rows-r0)
+		name, cfg, err := kern.MatvecLaunch(dt, m.rows, m.cols, R, st.d.info.SMs)
+		if err != nil {
+			st.fail(fmt.Errorf("cuda: %w", err))
+			return
+		}
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x.Add(4 * int64(r0) * int64(ldx))).Int(ldx).
 			Ptr(y.Add(4 * int64(r0) * int64(ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
-		st.launch(fmt.Sprintf("mv_%s_r%d", f, R), driver.D1((m.rows+7)/8), driver.D1(128), 0)
+		st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
 	}
 }
 

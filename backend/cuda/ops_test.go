@@ -193,6 +193,9 @@ func (f *fakeGPU) graphLaunch(e driver.GraphExec) error {
 	return nil
 }
 
+func (f *fakeGPU) profStart() error { return nil }
+func (f *fakeGPU) profEnd() error   { return nil }
+
 func (f *fakeGPU) destroyGraph(e driver.GraphExec) error {
 	if _, ok := f.graphs[e]; !ok {
 		return fmt.Errorf("fake: graph %d destroyed twice", e)
@@ -346,7 +349,10 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		parts := strings.Split(name, "_") // mv, family, rR
 		R, _ := strconv.Atoi(strings.TrimPrefix(parts[2], "r"))
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
-		errs := []error{want(R >= 1 && R <= 8, "R %d", R), want(int(g.X) == (rows+7)/8 && g.Y == 1 && b.X == 128, "shape"),
+		dt := map[string]quant.DType{"f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16, "q8row": quant.Q8Row, "q4tp": quant.Q4TP}[parts[1]]
+		_, wantCfg, err := kern.MatvecLaunch(dt, rows, cols, max(R, 1), 132) // the fake device has 132 SMs
+		errs := []error{want(R >= 1 && R <= 8, "R %d", R), err,
+			want(g == wantCfg.Grid && b == wantCfg.Block && c.cfg.Shared == wantCfg.Shared, "shape"),
 			want(ldx >= cols && ldy >= rows, "ld"),
 			f.span("W", c.ptr(0), weightBytes(parts[1], rows, cols)),
 			f.span("x", c.ptr(3), rowsSpan(R, ldx, cols)), f.span("y", c.ptr(5), rowsSpan(R, ldy, rows))}

@@ -31,66 +31,78 @@ func BenchmarkGPUMatvec(b *testing.B) {
 	}); err != nil {
 		b.Fatal(err)
 	}
-	const rows, cols, launches = 14336, 4096, 20
-	for _, dt := range []quant.DType{quant.F16, quant.BF16, quant.Q8Row, quant.Q4TP} {
-		nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
-		for _, R := range []int{1, 2, 4, 8} {
-			b.Run(fmt.Sprintf("%s/R%d", dt, R), func(b *testing.B) {
-				var w, x, y driver.DevicePtr
-				var e0, e1 driver.Event
-				var a driver.Args
-				name := fmt.Sprintf("mv_%s_r%d", kernName[dt], R)
-				cfg := driver.Config{Grid: driver.D1((rows + 7) / 8), Block: driver.D1(128)}
-				err := d.Do(func(c *driver.Ctx) error {
-					var err error
-					if w, err = c.Alloc(nb); err != nil {
-						return err
+	const launches = 20
+	// The 8B shapes: up/gate, down, k/v projections.
+	for _, sh := range [][2]int{{14336, 4096}, {4096, 14336}, {1024, 4096}} {
+		rows, cols := sh[0], sh[1]
+		for _, dt := range []quant.DType{quant.F16, quant.BF16, quant.Q8Row, quant.Q4TP} {
+			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+			for _, R := range []int{1, 2, 4, 8} {
+				b.Run(fmt.Sprintf("%dx%d/%s/R%d", rows, cols, dt, R), func(b *testing.B) {
+					var w, x, y driver.DevicePtr
+					var e0, e1 driver.Event
+					var a driver.Args
+					name, cfg, err := kern.MatvecLaunch(dt, rows, cols, R, d.Info().SMs)
+					if err != nil {
+						b.Fatal(err)
 					}
-					c.MemsetD8(w, 0x11, nb) // finite weights in every format
-					x, _ = c.Alloc(4 * int64(R*cols))
-					y, _ = c.Alloc(4 * int64(R*rows))
-					c.MemsetD32(x, 0x3c000000, int64(R*cols))
-					e0, _ = c.NewEvent(0)
-					e1, _ = c.NewEvent(0)
-					a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
-					return m.Launch(c, name, cfg, &a) // warm-up
-				})
-				defer d.Do(func(c *driver.Ctx) error {
-					c.DestroyEvent(e0)
-					c.DestroyEvent(e1)
-					c.Free(w)
-					c.Free(x)
-					return c.Free(y)
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-				var ms float32
-				for b.Loop() {
-					err := d.Do(func(c *driver.Ctx) error {
-						c.Record(e0, 0)
-						for range launches {
-							if err := m.Launch(c, name, cfg, &a); err != nil {
+					err = d.Do(func(c *driver.Ctx) error {
+						var err error
+						if cfg.Shared > 48<<10 {
+							f, _ := m.Func(name)
+							if err := c.SetMaxDynamicShared(f, cfg.Shared); err != nil {
 								return err
 							}
 						}
-						c.Record(e1, 0)
-						if err := c.EventSync(e1); err != nil {
+						if w, err = c.Alloc(nb); err != nil {
 							return err
 						}
-						t, err := c.Elapsed(e0, e1)
-						ms += t
-						return err
+						c.MemsetD8(w, 0x11, nb) // finite weights in every format
+						x, _ = c.Alloc(4 * int64(R*cols))
+						y, _ = c.Alloc(4 * int64(R*rows))
+						c.MemsetD32(x, 0x3c000000, int64(R*cols))
+						e0, _ = c.NewEvent(0)
+						e1, _ = c.NewEvent(0)
+						a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
+						return m.Launch(c, name, cfg, &a) // warm-up
+					})
+					defer d.Do(func(c *driver.Ctx) error {
+						c.DestroyEvent(e0)
+						c.DestroyEvent(e1)
+						c.Free(w)
+						c.Free(x)
+						return c.Free(y)
 					})
 					if err != nil {
 						b.Fatal(err)
 					}
-				}
-				b.SetBytes(nb * launches)
-				sec := float64(ms) / 1e3
-				b.ReportMetric(float64(nb)*launches*float64(b.N)/sec/1e9, "GB/s")
-				b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/launch")
-			})
+					var ms float32
+					for b.Loop() {
+						err := d.Do(func(c *driver.Ctx) error {
+							c.Record(e0, 0)
+							for range launches {
+								if err := m.Launch(c, name, cfg, &a); err != nil {
+									return err
+								}
+							}
+							c.Record(e1, 0)
+							if err := c.EventSync(e1); err != nil {
+								return err
+							}
+							t, err := c.Elapsed(e0, e1)
+							ms += t
+							return err
+						})
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.SetBytes(nb * launches)
+					sec := float64(ms) / 1e3
+					b.ReportMetric(float64(nb)*launches*float64(b.N)/sec/1e9, "GB/s")
+					b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/launch")
+				})
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package kern_test
 
 import (
+	"encoding/binary"
 	"math"
 	"testing"
 
@@ -33,12 +34,13 @@ func mvShapes(d quant.DType) []mvShape {
 }
 
 // TestGPUMatvecParity: every format × shape × R = 1..9 activation rows
-// (9 = a launch of 8 and one of 1) × epilogue, against quant's DotRow.
+// (9 = a launch of 8 and one of 1) × epilogue, against float64 sums of
+// quant's decoded weights times the activations the kernel uses: float32
+// for f32/f16/bf16, kern.ActQuant's int8 blocks for q8_row, q8_2f and q4tp.
 func TestGPUMatvecParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(1)
 	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
-		codec, _ := quant.CodecFor(dt)
 		for _, sh := range mvShapes(dt) {
 			rows, cols := sh.rows, sh.cols
 			w := r.vec(rows*cols, 0.05)
@@ -47,6 +49,10 @@ func TestGPUMatvecParity(t *testing.T) {
 				t.Fatal(err)
 			}
 			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+			if dt == quant.Q82F {
+				// The kernel: q8_row's quants and row scales on x ⊙ col.
+				wd, _ = quant.Decode(quant.Q8Row, wb[:rows*cols+2*rows], []int{rows, cols})
+			}
 			dW := g.upload(wb)
 			ldx := (cols+3)/4*4 + sh.ldxPad
 			ldy := rows + 3
@@ -77,6 +83,23 @@ func TestGPUMatvecParity(t *testing.T) {
 					got := g.readF32(dy, maxR*ldy)
 					for ri := range maxR {
 						xr := x[ri*ldx : ri*ldx+cols]
+						// q8_row, q8_2f and q4tp run on int8 activations
+						// (kern.ActQuant; q8_2f's of x ⊙ col).
+						xe := make([]float64, cols)
+						for i, v := range xr {
+							xe[i] = float64(v)
+						}
+						switch dt {
+						case quant.Q8Row, quant.Q4TP:
+							xe = kern.ActQuant(xr)
+						case quant.Q82F:
+							col := make([]float32, cols)
+							off := quant.Q82FColOffset(rows, cols)
+							for i := range col {
+								col[i] = xr[i] * math.Float32frombits(binary.LittleEndian.Uint32(wb[off+int64(4*i):]))
+							}
+							xe = kern.ActQuant(col)
+						}
 						for o := range rows {
 							gv := got[ri*ldy+o]
 							if ri >= R {
@@ -85,16 +108,17 @@ func TestGPUMatvecParity(t *testing.T) {
 								}
 								continue
 							}
-							want := codec.DotRow(wb, rows, cols, o, xr)
-							var mag float64
-							for i, v := range xr {
-								mag += math.Abs(float64(wd[o*cols+i]) * float64(v))
+							var want, mag float64
+							for i, v := range xe {
+								p := float64(wd[o*cols+i]) * v
+								want += p
+								mag += math.Abs(p)
 							}
 							if epi != "store" {
-								want += bias[o] + y0[ri*ldy+o]
+								want += float64(bias[o]) + float64(y0[ri*ldy+o])
 								mag += math.Abs(float64(bias[o])) + math.Abs(float64(y0[ri*ldy+o]))
 							}
-							if d := math.Abs(float64(gv - want)); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+							if d := math.Abs(float64(gv) - want); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
 								t.Fatalf("%s %dx%d ldx %d R=%d %s: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)",
 									dt, rows, cols, ldx, R, epi, ri, o, gv, want, d, mag)
 							}

@@ -106,20 +106,75 @@ func mvFamily(d quant.DType) (string, error) {
 	return "", fmt.Errorf("kern: no matvec for format %s", d)
 }
 
-func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool) ([]call, error) {
+// DefaultSMs sizes grids when the multiprocessor count is unknown (an H200).
+const DefaultSMs = 132
+
+// mqSharedBudget bounds the dynamic shared memory of one quantized-activation
+// matvec launch (the H100/H200 opt-in maximum is 227 KB a block).
+const mqSharedBudget = 200 << 10
+
+// quantizedActs reports whether a format's matvec runs on int8 activations
+// quantized in the kernel (matvec.cu's mq_* kernels).
+func quantizedActs(d quant.DType) bool { return d == quant.Q8Row || d == quant.Q82F || d == quant.Q4TP }
+
+// MatvecLaunch returns the kernel and launch shape of one matvec launch of
+// R ≤ MaxMatvecRows activation rows on a device with sms multiprocessors
+// (0: DefaultSMs), as the production Matvec queues it. The kernel lab
+// times the production kernel through it.
+func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config, error) {
 	fam, err := mvFamily(d)
 	if err != nil {
+		return "", driver.Config{}, err
+	}
+	if R < 1 || R > MaxMatvecRows || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
+		return "", driver.Config{}, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, cols, R)
+	}
+	name := fmt.Sprintf("mv_%s_r%d", fam, R)
+	if !quantizedActs(d) {
+		return name, driver.Config{Grid: driver.D1((rows + 7) / 8), Block: driver.D1(128)}, nil
+	}
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	shared := MatvecShared(cols, R)
+	if shared > mqSharedBudget {
+		return "", driver.Config{}, fmt.Errorf("kern: matvec %s with %d columns needs %d bytes of shared memory for %d rows (at most %d)", d, cols, shared, R, mqSharedBudget)
+	}
+	return name, driver.Config{Grid: driver.D1(min((rows+7)/8, 2*sms)), Block: driver.D1(256), Shared: shared}, nil
+}
+
+// MatvecShared is the dynamic shared memory of a quantized-activation
+// matvec: per activation row, ⌈cols/32⌉ blocks of 32 int8 quants and a
+// (scale, Σq) pair.
+func MatvecShared(cols, R int) int { return R * (cols + 31) / 32 * 40 }
+
+// MatvecRowsPerLaunch is the most activation rows one launch takes: 8, or
+// fewer where their quantized copies would not fit in shared memory.
+func MatvecRowsPerLaunch(d quant.DType, cols int) int {
+	if !quantizedActs(d) {
+		return MaxMatvecRows
+	}
+	return max(1, min(MaxMatvecRows, mqSharedBudget/MatvecShared(cols, 1)))
+}
+
+func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool, sms int) ([]call, error) {
+	if _, err := mvFamily(d); err != nil {
 		return nil, err
 	}
 	if R < 1 || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
 		return nil, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, cols, R)
 	}
+	per := MatvecRowsPerLaunch(d, cols)
 	var cs []call
-	for r0 := 0; r0 < R; r0 += MaxMatvecRows {
-		rr := min(MaxMatvecRows, R-r0)
+	for r0 := 0; r0 < R; r0 += per {
+		rr := min(per, R-r0)
+		name, cfg, err := MatvecLaunch(d, rows, cols, rr, sms)
+		if err != nil {
+			return nil, err
+		}
 		a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x.Add(int64(4 * r0 * ldx))).Int(ldx).
 			Ptr(y.Add(int64(4 * r0 * ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
-		cs = append(cs, one(fmt.Sprintf("mv_%s_r%d", fam, rr), driver.D1((rows+7)/8), driver.D1(128), 0, a)...)
+		cs = append(cs, call{name, cfg, a})
 	}
 	return cs, nil
 }
@@ -127,7 +182,7 @@ func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ld
 // Matvec queues y[r][o] (=|+=) Σ_i W[o,i]·x[r][i] (+bias[o]) for R rows
 // (bias 0 for none). For q8_2f, x must already be prescaled (Q82FPrescale).
 func (l *Launcher) Matvec(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool) error {
-	return l.run(matvecCalls(d, W, rows, cols, x, ldx, y, ldy, R, bias, accumulate))
+	return l.run(matvecCalls(d, W, rows, cols, x, ldx, y, ldy, R, bias, accumulate, l.M.SMs))
 }
 
 func gemmCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, T int, bias Ptr, accumulate bool) ([]call, error) {

@@ -28,7 +28,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	}
 	for _, d := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
 		for R := 1; R <= 17; R++ {
-			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true))
+			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true, 0))
 		}
 		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
@@ -70,7 +70,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 
 // Matvec splits R > 8 into launches of 8 with the row offsets applied.
 func TestMatvecSplitsRows(t *testing.T) {
-	cs, err := matvecCalls(quant.Q4TP, 0x1000, 64, 256, 0x2000, 260, 0x3000, 70, 19, 0, false)
+	cs, err := matvecCalls(quant.Q4TP, 0x1000, 64, 256, 0x2000, 260, 0x3000, 70, 19, 0, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,14 +85,27 @@ func TestMatvecSplitsRows(t *testing.T) {
 		if c.name != wantNames[i] || x != 0x2000+uint64(4*8*i*260) || y != 0x3000+uint64(4*8*i*70) {
 			t.Fatalf("launch %d: %s x %#x y %#x", i, c.name, x, y)
 		}
-		if c.cfg.Grid.X != 8 || c.cfg.Block.X != 128 {
+		// The quantized-activation kernels: block 256, grid ⌈rows/8⌉ up to
+		// 2·SMs, shared memory for the rows' int8 copies.
+		if c.cfg.Grid.X != 8 || c.cfg.Block.X != 256 || c.cfg.Shared != MatvecShared(256, []int{8, 8, 3}[i]) {
 			t.Fatalf("launch %d shape %+v", i, c.cfg)
 		}
 	}
-	if _, err := matvecCalls(quant.Q4TP, 1, 64, 100, 2, 100, 3, 64, 1, 0, false); err == nil {
+	if _, cfg, _ := MatvecLaunch(quant.Q8Row, 128256, 4096, 1, 132); cfg.Grid.X != 264 || cfg.Shared != 128*40 {
+		t.Errorf("head matvec shape %+v: want grid 2·SMs, 5120 bytes shared", cfg)
+	}
+	if _, cfg, _ := MatvecLaunch(quant.F16, 64, 256, 1, 132); cfg.Grid.X != 8 || cfg.Block.X != 128 || cfg.Shared != 0 {
+		t.Errorf("f16 matvec shape %+v", cfg)
+	}
+	// 28672 columns (a 70B down projection): 35840 bytes a row, so 5 rows a launch.
+	cs, err = matvecCalls(quant.Q4TP, 0x1000, 64, 28672, 0x2000, 28672, 0x3000, 64, 8, 0, false, 0)
+	if err != nil || len(cs) != 2 || cs[0].name != "mv_q4tp_r5" || cs[1].name != "mv_q4tp_r3" {
+		t.Errorf("wide matvec split: %v %v", err, cs)
+	}
+	if _, err := matvecCalls(quant.Q4TP, 1, 64, 100, 2, 100, 3, 64, 1, 0, false, 0); err == nil {
 		t.Error("q4tp with 100 columns accepted")
 	}
-	if _, err := matvecCalls(quant.U8, 1, 64, 64, 2, 64, 3, 64, 1, 0, false); err == nil {
+	if _, err := matvecCalls(quant.U8, 1, 64, 64, 2, 64, 3, 64, 1, 0, false, 0); err == nil {
 		t.Error("a matvec over raw bytes accepted")
 	}
 	if _, err := attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 6, 4, 64, 10, 2, 1); err == nil {

@@ -13,8 +13,11 @@ import (
 type Module struct {
 	Manifest *Manifest
 	Source   string // "cubin sm_90a" or "ptx compute_90"
-	mod      driver.Module
-	funcs    map[string]driver.Func
+	// SMs is the device's multiprocessor count (launch shapes that size
+	// their grid to the device use it; 0 means DefaultSMs).
+	SMs   int
+	mod   driver.Module
+	funcs map[string]driver.Func
 }
 
 // Load loads the embedded kernels into c's context: the cubin on a device
@@ -45,7 +48,7 @@ func Load(c *driver.Ctx, info driver.Info, forcePTX bool) (*Module, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kern: loading the %s: %w", src, err)
 	}
-	mod := &Module{Manifest: m, Source: src, mod: h, funcs: map[string]driver.Func{}}
+	mod := &Module{Manifest: m, Source: src, SMs: info.SMs, mod: h, funcs: map[string]driver.Func{}}
 	for _, k := range m.Kernels {
 		f, err := c.Function(h, k.Name)
 		if err != nil {

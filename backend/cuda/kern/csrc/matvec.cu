@@ -1,8 +1,10 @@
 // Batched decode matvec: y[r][o] (=|+=) Σ_i W[o,i]·x[r][i] (+ bias[o]) for
 // R = 1..8 activation rows, every weight byte read once for all rows.
 //
-// Launch shape of every mv_* kernel: grid ⌈rows/8⌉, block 128 (4 warps, 2
-// weight rows per warp, lanes walking the columns in 16-byte chunks).
+// Launch shape of mv_{f32,f16,bf16}_r*: grid ⌈rows/8⌉, block 128 (4 warps,
+// 2 weight rows per warp, lanes walking the columns in 16-byte chunks);
+// mv_{q8row,q4tp}_r* are the quantized-activation kernels below (their own
+// launch shape and shared memory).
 // Parameters: (W, rows, cols, x, ldx, y, ldy, bias, accumulate): W the
 // tensor's bytes as CMF stores them, x and y float32 with row strides ldx
 // and ldy (in floats), bias float32[rows] or null, accumulate != 0 adds to
@@ -46,22 +48,6 @@ struct FmtBF16 {
   }
   __device__ static float scalar(const uint8_t* row, int i) { return bf16_to_f32(((const uint16_t*)row)[i]); }
   __device__ static float row_scale(const uint8_t*, int, int, int) { return 1.0f; }
-};
-
-// q8_row (and the quants of q8_2f): int8 row-major, f16 scales at rows·cols.
-struct FmtQ8 {
-  static constexpr int E = 16, ES = 1;
-  __device__ static void decode(uint4 c, float* w) {
-    uint32_t v[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) w[4 * j + b] = (float)(int8_t)((v[j] >> (8 * b)) & 0xff);
-  }
-  __device__ static float scalar(const uint8_t* row, int i) { return (float)(int8_t)row[i]; }
-  __device__ static float row_scale(const uint8_t* W, int rows, int cols, int o) {
-    return f16_to_f32(ld_u16(W + (size_t)rows * cols + 2 * (size_t)o));
-  }
 };
 
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) { return __ldcs((const uint4*)p); }
@@ -157,93 +143,233 @@ __device__ __forceinline__ void mv_plain(const uint8_t* __restrict__ W, int rows
   }
 }
 
-// q4tp: lane k of a warp holds rung k of each of its rows' ladders; a
-// group's rung is fetched from the lane its code names by a shuffle.
-template <int R>
-__device__ __forceinline__ void mv_q4tp(const uint8_t* __restrict__ W, int rows, int cols,
-                                        const float* __restrict__ x, int ldx, float* __restrict__ y, int ldy,
-                                        const float* __restrict__ bias, int accumulate) {
+// Quantized-activation matvecs (production for q8_row, q8_2f's quants and
+// q4tp): each block first quantizes its R activation rows into shared
+// memory, per block of 32 exactly as the CPU's int8 kernels do
+// (kernels/quantx.go quantizeBlock: amax over the block, id = 127/amax,
+// q = round-half-even(x·id), d = amax/127; a block with amax < 2^-120 or
+// NaN is all zeros), then every warp walks whole weight rows, a lane per
+// group of 32 weights, with dp4a: q4tp adds rung·d·(Σ n·q − 8·Σq) per group
+// (n the stored nibble), q8_row d·Σ w·q per block and the row scale at the
+// end. Weight loads are double-buffered across batches and rows, and the
+// first batch is issued before the quantization (weights never depend on
+// the previous kernel). Why: float activations cost 4 bytes of L1/L2
+// traffic per weight (8× a q4tp weight's bytes); int8 in shared memory
+// cost 1 and leave the kernel bound by DRAM.
+//
+// Launch: block 256 (8 warps), grid min(⌈rows/8⌉, 2·SMs) (rows in a
+// grid-stride loop), dynamic shared memory R·nb·40 bytes (nb = ⌈cols/32⌉):
+// the quants at [r][half][b][16] (the first and second 16 of each block in
+// two planes, so the lanes' 16-byte reads are conflict-free), then (d, Σq)
+// pairs at [r][b].
+#define MQ_WARPS 8
+#define MQ_GB 4  // q4tp groups a lane loads per batch (q8_row: MQ_GB/2 blocks of two 16-byte chunks)
+
+__device__ __forceinline__ int mq_pos(int i, bool perm) {
+  // perm: each 8 quants as (0,2,4,6,1,3,5,7), the order of a q4tp word's
+  // low and high nibbles.
+  const int e = i & 7;
+  return perm ? (i & ~7) + (e >> 1) + 4 * (e & 1) : i;
+}
+
+template <int R, bool PERM>
+__device__ __forceinline__ void mq_quantize(const float* __restrict__ x, int ldx, int cols, int nb, int8_t* xq, int2* xds) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int o0 = (blockIdx.x * MV_WARPS + warp) * MV_RPW;
-  pdl_trigger();
-  if (o0 >= rows) return;  // whole warps leave together: the shuffles below see full warps
+  for (int t = warp; t < R * nb; t += MQ_WARPS) {
+    const int r = t / nb, b = t - r * nb;
+    const int i = 32 * b + lane;
+    const float v = i < cols ? x[(size_t)r * ldx + i] : 0.0f;
+    float am = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(FULL_MASK, am, o);
+      am = (am != am || u != u) ? __int_as_float(0x7fc00000) : fmaxf(am, u);  // NaN wins, as Go's max
+    }
+    int q = 0;
+    float d = 0.0f;
+    if (am >= 0x1p-120f) {
+      const float id = __fdiv_rn(127.0f, am);
+      q = __float2int_rn(__fmul_rn(v, id));
+      d = __fdiv_rn(am, 127.0f);
+    }
+    int s = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    const int p = mq_pos(lane, PERM);
+    xq[((size_t)(r * 2 + (p >> 4)) * nb + b) * 16 + (p & 15)] = (int8_t)q;
+    if (lane == 0) xds[r * nb + b] = make_int2(__float_as_int(d), s);
+  }
+}
+
+template <int R>
+__device__ __forceinline__ void mq_q4tp(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x, int ldx,
+                                        float* __restrict__ y, int ldy, const float* __restrict__ bias, int accumulate) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gpr = cols / 32;
+  int8_t* xq = (int8_t*)mq_smem;
+  int2* xds = (int2*)(mq_smem + (size_t)R * gpr * 32);
+  pdl_trigger();
   const size_t poff = (size_t)rows * gpr * 16, coff = poff + (size_t)rows * 4;
   const int stride = (5 * gpr + 7) / 8;
-  const bool xvec = aligned16(x) && ldx % 4 == 0;
-  bool valid[MV_RPW];
-  float lad[MV_RPW];
-  uint4 cur[MV_RPW], nxt[MV_RPW];
+  const int rstep = gridDim.x * MQ_WARPS;
+  const int nbat = (gpr + 32 * MQ_GB - 1) / (32 * MQ_GB);
+  auto load = [&](int o, int bt, uint4* w, int* code, uint32_t& ab) {
 #pragma unroll
-  for (int a = 0; a < MV_RPW; a++) {
-    const int o = o0 + a;
-    valid[a] = o < rows;
-    lad[a] = valid[a] ? q4tp_rung(ld_u16(W + poff + 4 * (size_t)o), ld_u16(W + poff + 4 * (size_t)o + 2), lane) : 0.0f;
-    cur[a] = (valid[a] && lane < gpr) ? ld_stream(W + ((size_t)o * gpr + lane) * 16) : make_uint4(0, 0, 0, 0);
-  }
-  float acc[MV_RPW][R];
-#pragma unroll
-  for (int a = 0; a < MV_RPW; a++)
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[a][r] = 0.0f;
-  pdl_wait();
-  for (int g0 = 0; g0 < gpr; g0 += 32) {
-    const int g = g0 + lane;
-    const bool on = g < gpr;
-    float sc[MV_RPW];
-#pragma unroll
-    for (int a = 0; a < MV_RPW; a++) {
-      nxt[a] = (valid[a] && g + 32 < gpr) ? ld_stream(W + ((size_t)(o0 + a) * gpr + g + 32) * 16) : make_uint4(0, 0, 0, 0);
-      const int code = (valid[a] && on) ? q4tp_code(W + coff + (size_t)(o0 + a) * stride, g) : 0;
-      sc[a] = __shfl_sync(FULL_MASK, lad[a], code);
+    for (int j = 0; j < MQ_GB; j++) {
+      const int g = (bt * MQ_GB + j) * 32 + lane;
+      const bool on = o < rows && g < gpr;
+      w[j] = on ? __ldcs((const uint4*)(W + ((size_t)o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
+      code[j] = on ? q4tp_code(W + coff + (size_t)o * stride, g) : 0;
     }
-    if (on) {
-      float w[MV_RPW][32];
+    if (bt == 0 && o < rows) ab = (uint32_t)ld_u16(W + poff + 4 * (size_t)o) | ((uint32_t)ld_u16(W + poff + 4 * (size_t)o + 2) << 16);
+  };
+  int o = blockIdx.x * MQ_WARPS + warp, bt = 0;
+  uint4 cw[MQ_GB];
+  int cc[MQ_GB];
+  uint32_t cab = 0;
+  load(o, 0, cw, cc, cab);
+  pdl_wait();
+  mq_quantize<R, true>(x, ldx, cols, gpr, xq, xds);
+  __syncthreads();
+  float lad = 0.0f, acc[R];
 #pragma unroll
-      for (int a = 0; a < MV_RPW; a++) {
-        uint32_t v[4] = {cur[a].x, cur[a].y, cur[a].z, cur[a].w};
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  while (o < rows) {  // warp-uniform
+    int no = o, nbt = bt + 1;
+    if (nbt == nbat) nbt = 0, no = o + rstep;
+    uint4 nw[MQ_GB];
+    int nc[MQ_GB];
+    uint32_t nab = cab;
+    load(no, nbt, nw, nc, nab);
+    if (bt == 0) lad = q4tp_rung((uint16_t)(cab & 0xffff), (uint16_t)(cab >> 16), lane);
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+    for (int j = 0; j < MQ_GB; j++) {
+      const int g = (bt * MQ_GB + j) * 32 + lane;
+      const float sc = __shfl_sync(FULL_MASK, lad, cc[j]);
+      if (g < gpr) {
+        const uint32_t v[4] = {cw[j].x, cw[j].y, cw[j].z, cw[j].w};
+        uint32_t lo[4], hi[4];
 #pragma unroll
-          for (int n = 0; n < 8; n++) w[a][8 * j + n] = (float)((int)((v[j] >> (4 * n)) & 15u) - 8);
+        for (int k = 0; k < 4; k++) lo[k] = v[k] & 0x0F0F0F0Fu, hi[k] = (v[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          const int4 q0 = *(const int4*)(xq + ((size_t)(2 * r) * gpr + g) * 16);
+          const int4 q1 = *(const int4*)(xq + ((size_t)(2 * r + 1) * gpr + g) * 16);
+          const int2 ds = xds[r * gpr + g];
+          int s = -8 * ds.y;
+          s = __dp4a((int)lo[0], q0.x, s); s = __dp4a((int)hi[0], q0.y, s);
+          s = __dp4a((int)lo[1], q0.z, s); s = __dp4a((int)hi[1], q0.w, s);
+          s = __dp4a((int)lo[2], q1.x, s); s = __dp4a((int)hi[2], q1.y, s);
+          s = __dp4a((int)lo[3], q1.z, s); s = __dp4a((int)hi[3], q1.w, s);
+          acc[r] += __fmul_rn(sc, __int_as_float(ds.x)) * (float)s;
+        }
+      }
+    }
+    if (nbt == 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) mv_store(y + (size_t)r * ldy + o, acc[r], bias, o, accumulate);
       }
 #pragma unroll
-      for (int r = 0; r < R; r++) {
-        const float* xr = x + (size_t)r * ldx + (size_t)g * 32;
-        float xv[32];
-        if (xvec) {
+      for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    }
+    o = no, bt = nbt, cab = nab;
 #pragma unroll
-          for (int q = 0; q < 8; q++) {
-            float4 t = ((const float4*)xr)[q];
-            xv[4 * q] = t.x; xv[4 * q + 1] = t.y; xv[4 * q + 2] = t.z; xv[4 * q + 3] = t.w;
+    for (int j = 0; j < MQ_GB; j++) cw[j] = nw[j], cc[j] = nc[j];
+  }
+}
+
+// q8_row: a lane per block of 32 quants (two 16-byte chunks), MQ_GB/2
+// blocks a batch. Rows that are not whole 16-byte chunks (or a tensor not
+// 16-byte aligned) read byte-wise.
+template <int R>
+__device__ __forceinline__ void mq_q8row(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x, int ldx,
+                                         float* __restrict__ y, int ldy, const float* __restrict__ bias, int accumulate) {
+  constexpr int NB = MQ_GB / 2;
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nb = (cols + 31) / 32;
+  int8_t* xq = (int8_t*)mq_smem;
+  int2* xds = (int2*)(mq_smem + (size_t)R * nb * 32);
+  pdl_trigger();
+  const bool vec = aligned16(W) && cols % 16 == 0;
+  const int rstep = gridDim.x * MQ_WARPS;
+  const int nbat = (nb + 32 * NB - 1) / (32 * NB);
+  auto load = [&](int o, int bt, uint4* w, uint32_t& sc) {
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+      const int b = (bt * NB + j) * 32 + lane;
+      const uint8_t* p = W + (size_t)o * cols + 32 * (size_t)b;
+      const bool on = vec && o < rows && b < nb;
+      w[2 * j] = on ? __ldcs((const uint4*)p) : make_uint4(0, 0, 0, 0);
+      w[2 * j + 1] = (on && 32 * b + 16 < cols) ? __ldcs((const uint4*)(p + 16)) : make_uint4(0, 0, 0, 0);
+    }
+    if (bt == 0 && o < rows) sc = ld_u16(W + (size_t)rows * cols + 2 * (size_t)o);
+  };
+  int o = blockIdx.x * MQ_WARPS + warp, bt = 0;
+  uint4 cw[2 * NB];
+  uint32_t csc = 0;
+  load(o, 0, cw, csc);
+  pdl_wait();
+  mq_quantize<R, false>(x, ldx, cols, nb, xq, xds);
+  __syncthreads();
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) acc[r] = 0.0f;
+  while (o < rows) {  // warp-uniform
+    int no = o, nbt = bt + 1;
+    if (nbt == nbat) nbt = 0, no = o + rstep;
+    uint4 nw[2 * NB];
+    uint32_t nsc = csc;
+    load(no, nbt, nw, nsc);
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+      const int b = (bt * NB + j) * 32 + lane;
+      if (b < nb) {
+        if (vec) {
+          const uint4 w0 = cw[2 * j], w1 = cw[2 * j + 1];
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            const int4 q0 = *(const int4*)(xq + ((size_t)(2 * r) * nb + b) * 16);
+            const int4 q1 = *(const int4*)(xq + ((size_t)(2 * r + 1) * nb + b) * 16);
+            int s = 0;
+            s = __dp4a((int)w0.x, q0.x, s); s = __dp4a((int)w0.y, q0.y, s);
+            s = __dp4a((int)w0.z, q0.z, s); s = __dp4a((int)w0.w, q0.w, s);
+            s = __dp4a((int)w1.x, q1.x, s); s = __dp4a((int)w1.y, q1.y, s);
+            s = __dp4a((int)w1.z, q1.z, s); s = __dp4a((int)w1.w, q1.w, s);
+            acc[r] += __int_as_float(xds[r * nb + b].x) * (float)s;
           }
         } else {
+          const uint8_t* row = W + (size_t)o * cols;
 #pragma unroll
-          for (int e = 0; e < 32; e++) xv[e] = xr[e];
-        }
-#pragma unroll
-        for (int a = 0; a < MV_RPW; a++) {
-          float gs = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 32; e++) gs += w[a][e] * xv[e];
-          acc[a][r] += gs * sc[a];
+          for (int r = 0; r < R; r++) {
+            int s = 0;
+            for (int i = 32 * b; i < min(cols, 32 * b + 32); i++) {
+              const int e = i - 32 * b;
+              s += (int)(int8_t)row[i] * (int)xq[((size_t)(2 * r + (e >> 4)) * nb + b) * 16 + (e & 15)];
+            }
+            acc[r] += __int_as_float(xds[r * nb + b].x) * (float)s;
+          }
         }
       }
     }
+    if (nbt == 0) {
+      const float rs = f16_to_f32((uint16_t)csc);
 #pragma unroll
-    for (int a = 0; a < MV_RPW; a++) cur[a] = nxt[a];
-  }
+      for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+      if (lane == 0) {
 #pragma unroll
-  for (int a = 0; a < MV_RPW; a++)
+        for (int r = 0; r < R; r++) mv_store(y + (size_t)r * ldy + o, acc[r] * rs, bias, o, accumulate);
+      }
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[a][r] = warp_sum(acc[a][r]);
-  if (lane == 0) {
-#pragma unroll
-    for (int a = 0; a < MV_RPW; a++) {
-      if (!valid[a]) continue;
-#pragma unroll
-      for (int r = 0; r < R; r++) mv_store(y + (size_t)r * ldy + o0 + a, acc[a][r], bias, o0 + a, accumulate);
+      for (int r = 0; r < R; r++) acc[r] = 0.0f;
     }
+    o = no, bt = nbt, csc = nsc;
+#pragma unroll
+    for (int j = 0; j < 2 * NB; j++) cw[j] = nw[j];
   }
 }
 
@@ -256,8 +382,8 @@ __device__ __forceinline__ void mv_q4tp(const uint8_t* __restrict__ W, int rows,
   extern "C" __global__ void __launch_bounds__(128) mv_f32_r##R(MV_PARAMS) { mv_plain<R, FmtF32>(MV_ARGS); }   \
   extern "C" __global__ void __launch_bounds__(128) mv_f16_r##R(MV_PARAMS) { mv_plain<R, FmtF16>(MV_ARGS); }   \
   extern "C" __global__ void __launch_bounds__(128) mv_bf16_r##R(MV_PARAMS) { mv_plain<R, FmtBF16>(MV_ARGS); } \
-  extern "C" __global__ void __launch_bounds__(128) mv_q8row_r##R(MV_PARAMS) { mv_plain<R, FmtQ8>(MV_ARGS); }  \
-  extern "C" __global__ void __launch_bounds__(128) mv_q4tp_r##R(MV_PARAMS) { mv_q4tp<R>(MV_ARGS); }
+  extern "C" __global__ void __launch_bounds__(256) mv_q8row_r##R(MV_PARAMS) { mq_q8row<R>(MV_ARGS); }       \
+  extern "C" __global__ void __launch_bounds__(256) mv_q4tp_r##R(MV_PARAMS) { mq_q4tp<R>(MV_ARGS); }
 
 MV_KERNELS(1)
 MV_KERNELS(2)
