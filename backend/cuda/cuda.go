@@ -47,6 +47,10 @@ type Options struct {
 	// shape whose launches (kernels, shapes, argument bytes), packed on
 	// the host first, equal the recording's.
 	Graphs bool
+	// NoFusion runs decode steps without the fused matvec prologues
+	// (separate rmsnorm and silu_mul launches): the parity tests compare
+	// both.
+	NoFusion bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer

@@ -136,3 +136,39 @@ func TestGPUGraphReplayEqualsEager(t *testing.T) {
 		t.Fatal("no step was replayed from a graph")
 	}
 }
+
+// TestGPUFusedEqualsUnfused: decode steps with the norm and SwiGLU in the
+// quantized matvecs' prologues (and q|k|v, gate|up stacked in one launch)
+// give the logits of separate rmsnorm/silu_mul launches: the prologue
+// computes the same float32 values (Σx² in another order), so the int8
+// activations agree.
+func TestGPUFusedEqualsUnfused(t *testing.T) {
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+	u := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoFusion: true})
+	ran := 0
+	for _, k := range backendtest.Cases() {
+		if k.DType != quant.Q8Row && k.DType != quant.Q4TP {
+			continue
+		}
+		s := backendtest.Schedules()["three_sequences"]
+		a, err := backendtest.Run(g, k, s, 2)
+		if errors.Is(err, backend.ErrUnsupported) {
+			t.Logf("NOT RUN: %s: %v", k.Name, err)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := backendtest.Run(u, k, s, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := backendtest.NMSE(a, b); n > 1e-9 {
+			t.Errorf("%s: fused and unfused decode differ (NMSE %.3g)", k.Name, n)
+		}
+		ran++
+	}
+	if ran == 0 {
+		t.Fatal("no q8_row or q4tp case ran")
+	}
+}

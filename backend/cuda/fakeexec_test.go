@@ -152,6 +152,71 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				rmsApply(row, w, eps, op, func(i int, v float32) { x.set(b+i, v) })
 			}
 		}
+	case strings.HasPrefix(name, "mv_q8row_"), strings.HasPrefix(name, "mv_q4tp_"):
+		// matvec.cu's mq_* kernels: stacked tensors, a prologue, int8
+		// activations per block of 32 (kern.ActQuant).
+		fam := strings.Split(name, "_")[1]
+		var R int
+		fmt.Sscanf(strings.Split(name, "_")[2], "r%d", &R)
+		rows := [3]int{c.int(3), c.int(4), c.int(5)}
+		cols, ldx, xoff, ldy, acc, eps, pro := c.int(6), c.int(8), c.int(9), c.int(11), c.int(15) != 0, c.f32(17), c.int(18)
+		N := rows[0] + rows[1] + rows[2]
+		span := rowsSpan(R, ldx, cols)
+		if pro == kern.ProSilu {
+			span = rowsSpan(R, ldx, xoff+cols)
+		}
+		x, y := f.view(c.ptr(7), int(span/4)), f.view(c.ptr(10), int(rowsSpan(R, ldy, N)/4))
+		var nw f32s
+		if pro == kern.ProNorm || pro == kern.ProNorm1 {
+			nw = f.view(c.ptr(16), cols)
+		}
+		for r := range R {
+			xp := make([]float32, cols)
+			switch pro {
+			case kern.ProPlain:
+				for i := range xp {
+					xp[i] = x.at(r*ldx + i)
+				}
+			case kern.ProNorm, kern.ProNorm1:
+				row := make([]float64, cols)
+				for i := range row {
+					row[i] = float64(x.at(r*ldx + i))
+				}
+				rmsApply(row, nw, eps, pro == kern.ProNorm1, func(i int, v float32) { xp[i] = v })
+			case kern.ProSilu:
+				for i := range xp {
+					v := float64(x.at(r*ldx + i))
+					xp[i] = float32(v / (1 + math.Exp(-v)) * float64(x.at(r*ldx+xoff+i)))
+				}
+			}
+			xq := kern.ActQuant(xp)
+			v0 := 0
+			for j := range 3 {
+				if rows[j] == 0 {
+					continue
+				}
+				w := f.weights(fam, c.ptr(j), rows[j], cols)
+				var b f32s
+				if bias := c.ptr(12 + j); bias != 0 {
+					b = f.view(bias, rows[j])
+				}
+				for o := range rows[j] {
+					var s float64
+					for i, xv := range xq {
+						s += float64(w[o*cols+i]) * xv
+					}
+					v := float32(s)
+					if b != nil {
+						v += b.at(o)
+					}
+					if acc {
+						v += y.at(r*ldy + v0 + o)
+					}
+					y.set(r*ldy+v0+o, v)
+				}
+				v0 += rows[j]
+			}
+		}
 	case strings.HasPrefix(name, "mv_"), strings.HasPrefix(name, "gemm_"):
 		fam := strings.Split(name, "_")[1]
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
@@ -173,20 +238,6 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 		x, y := f.view(c.ptr(3), int(rowsSpan(R, ldx, cols)/4)), f.view(c.ptr(5), int(rowsSpan(R, ldy, rows)/4))
 		xat := x.at
-		if name[0] == 'm' && (fam == "q8row" || fam == "q4tp") {
-			// matvec.cu's mq_* kernels: int8 activations per block of 32.
-			xq := make([]float32, rowsSpan(R, ldx, cols)/4)
-			for r := range R {
-				row := make([]float32, cols)
-				for i := range row {
-					row[i] = x.at(r*ldx + i)
-				}
-				for i, v := range kern.ActQuant(row) {
-					xq[r*ldx+i] = float32(v)
-				}
-			}
-			xat = func(i int) float32 { return xq[i] }
-		}
 		if name[0] == 'g' {
 			// gemm.cu: activations rounded to bf16; so are non-q8
 			// weights (q8 quants are exact in bf16, their row scale is

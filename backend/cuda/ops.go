@@ -539,14 +539,14 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
 		return
 	}
-	dt := m.dt
-	if dt == quant.Q82F {
-		dt = quant.Q8Row // its quants on the prescaled activations
+	if m.dt == quant.Q8Row || m.dt == quant.Q82F || m.dt == quant.Q4TP {
+		st.mq(m.dt, kern.MQ{W: [3]driver.DevicePtr{m.p}, Rows: [3]int{m.rows}, Bias: [3]driver.DevicePtr{bias}, Cols: m.cols,
+			X: x, Ldx: ldx, Y: y, Ldy: ldy, Accumulate: accumulate}, rows)
+		return
 	}
-	per := kern.MatvecRowsPerLaunch(dt, m.cols)
-	for r0 := 0; r0 < rows; r0 += per {
-		R := min(per, rows-r0)
-		name, cfg, err := kern.MatvecLaunch(dt, m.rows, m.cols, R, st.d.info.SMs)
+	for r0 := 0; r0 < rows; r0 += maxMatvecRows {
+		R := min(maxMatvecRows, rows-r0)
+		name, cfg, err := kern.MatvecLaunch(m.dt, m.rows, m.cols, R, st.d.info.SMs)
 		if err != nil {
 			st.fail(fmt.Errorf("cuda: %w", err))
 			return
@@ -555,6 +555,59 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 			Ptr(y.Add(4 * int64(r0) * int64(ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
 		st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
 	}
+}
+
+// mq queues a quantized-activation matvec (kern.MQ) over rows activation
+// rows (q8_2f: its quants on activations already prescaled).
+func (st *state) mq(dt quant.DType, m kern.MQ, rows int) {
+	if dt == quant.Q82F {
+		dt = quant.Q8Row
+	}
+	per := kern.MatvecRowsPerLaunch(dt, m.Cols)
+	for r0 := 0; r0 < rows; r0 += per {
+		name, cfg, err := kern.MatvecLaunch(dt, m.Rows[0]+m.Rows[1]+m.Rows[2], m.Cols, min(per, rows-r0), st.d.info.SMs)
+		if err != nil {
+			st.fail(fmt.Errorf("cuda: %w", err))
+			return
+		}
+		m.Pack(st.a(), r0)
+		st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
+	}
+}
+
+// fusable reports whether a decode step's matvecs over ms can run as one
+// quantized-activation launch with a fused prologue: at most
+// maxMatvecRows rows (prefill takes the GEMM), all q8_row or all q4tp
+// (q8_2f needs its prescale), of one width.
+func (st *state) fusable(ms ...backend.Mat) bool {
+	if st.rows > maxMatvecRows || st.d.opt.NoFusion {
+		return false
+	}
+	m0 := ms[0].(*mat)
+	for _, w := range ms {
+		m := w.(*mat)
+		if m.dt != m0.dt || m.cols != m0.cols || (m.dt != quant.Q8Row && m.dt != quant.Q4TP) {
+			return false
+		}
+	}
+	return true
+}
+
+// mvNorm queues y = W_j·norm(x) for the stacked tensors ms (q|k|v,
+// gate|up, the head): the RMSNorm in the matvec's prologue.
+func (st *state) mvNorm(ms []backend.Mat, biases []driver.DevicePtr, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy int, n *backend.Norm, rows int) {
+	if n.W == nil || n.W.Len() != ms[0].(*mat).cols {
+		st.fail(fmt.Errorf("cuda: a norm over %d values needs a weight of %d", ms[0].(*mat).cols, ms[0].(*mat).cols))
+		return
+	}
+	m := kern.MQ{Cols: ms[0].(*mat).cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Norm: ptrOf(n.W), Eps: n.Eps, Pro: kern.ProNorm}
+	if n.OnePlus {
+		m.Pro = kern.ProNorm1
+	}
+	for j, w := range ms {
+		m.W[j], m.Rows[j], m.Bias[j] = w.(*mat).p, w.(*mat).rows, biases[j]
+	}
+	st.mq(ms[0].(*mat).dt, m, rows)
 }
 
 // Attention kernel limits (attn.cu): ATT_MAXD·32 head dimensions, and the
@@ -609,11 +662,16 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.fail(fmt.Errorf("cuda: RoPE over %d dimensions of a %d-dimension head", r.Dim(), hd))
 		return
 	}
-	// xb = input_layernorm(x); q|k|v = W·xb (+ bias), side by side per row.
-	st.rmsnorm(x, xb, R, H, &w.Norm)
-	st.mv(w.Q.(*mat), xb, H, qkv, ld, ptrOf(w.BQ), false, R)
-	st.mv(w.K.(*mat), xb, H, qkv.Add(int64(4*qd)), ld, ptrOf(w.BK), false, R)
-	st.mv(w.V.(*mat), xb, H, qkv.Add(int64(4*(qd+kvd))), ld, ptrOf(w.BV), false, R)
+	// xb = input_layernorm(x); q|k|v = W·xb (+ bias), side by side per row
+	// (decode: one launch, the norm in its prologue).
+	if st.fusable(w.Q, w.K, w.V) {
+		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, qkv, ld, &w.Norm, R)
+	} else {
+		st.rmsnorm(x, xb, R, H, &w.Norm)
+		st.mv(w.Q.(*mat), xb, H, qkv, ld, ptrOf(w.BQ), false, R)
+		st.mv(w.K.(*mat), xb, H, qkv.Add(int64(4*qd)), ld, ptrOf(w.BK), false, R)
+		st.mv(w.V.(*mat), xb, H, qkv.Add(int64(4*(qd+kvd))), ld, ptrOf(w.BV), false, R)
+	}
 	// q/k norm per head, then RoPE and the K/V append at each row's slot.
 	if w.QNorm != nil {
 		st.a().Ptr(qkv).Int(ld).Ptr(ptrOf(w.QNorm.W)).Int(hd).F32(w.QNorm.Eps).Int(b2i(w.QNorm.OnePlus))
@@ -714,9 +772,20 @@ func (st *state) MLP(w *backend.MLP) {
 	xb := st.buf("xb", int64(M)*int64(H)*4)
 	gu := st.buf("gateup", int64(M)*int64(2*I)*4)
 	h := st.buf("h", int64(M)*int64(I)*4)
-	st.rmsnorm(x, xb, R, H, &w.Norm)
-	st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
-	st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
+	// Decode: gate|up in one launch with the norm in its prologue, and
+	// SwiGLU in the down projection's prologue.
+	if st.fusable(w.Gate, w.Up) {
+		st.mvNorm([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, &w.Norm, R)
+	} else {
+		st.rmsnorm(x, xb, R, H, &w.Norm)
+		st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
+		st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
+	}
+	if dn := w.Down.(*mat); st.fusable(w.Down) && dn.cols == I {
+		st.mq(dn.dt, kern.MQ{W: [3]driver.DevicePtr{dn.p}, Rows: [3]int{dn.rows}, Bias: [3]driver.DevicePtr{ptrOf(w.BDown)}, Cols: I,
+			X: gu, Ldx: 2 * I, XOff: I, Y: x, Ldy: H, Accumulate: true, Pro: kern.ProSilu}, R)
+		return
+	}
 	st.a().Ptr(gu).Ptr(gu.Add(int64(4 * I))).Int(2 * I).Ptr(h).Int(I).Int(I)
 	st.launch("silu_mul", driver.D2((I+255)/256, R), driver.D1(256), 0)
 	st.mv(w.Down.(*mat), h, I, x, H, ptrOf(w.BDown), true, R)
@@ -751,8 +820,12 @@ func (st *state) Head(w *backend.Head) {
 	}
 	xb := st.buf("xb", int64(M)*int64(H)*4)
 	logits := st.buf("logits", int64(n)*int64(V)*4)
-	st.rmsnorm(src, xb, n, H, &w.Norm)
-	st.mv(w.W.(*mat), xb, H, logits, V, 0, false, n)
+	if n <= maxMatvecRows && st.fusable(w.W) {
+		st.mvNorm([]backend.Mat{w.W}, []driver.DevicePtr{0}, src, H, logits, V, &w.Norm, n)
+	} else {
+		st.rmsnorm(src, xb, n, H, &w.Norm)
+		st.mv(w.W.(*mat), xb, H, logits, V, 0, false, n)
+	}
 	st.out, st.outN = logits, n*V
 }
 

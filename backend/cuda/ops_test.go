@@ -345,6 +345,34 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		nh, R, ldx, hd := int(g.X), int(g.Y), c.int(1), c.int(3)
 		return errorsJoin(want(b.X == 32, "block %v", b), want(ldx >= nh*hd, "ld"),
 			f.span("x", c.ptr(0), rowsSpan(R, ldx, nh*hd)), f.span("w", c.ptr(2), 4*int64(hd)))
+	case strings.HasPrefix(name, "mv_q8row_"), strings.HasPrefix(name, "mv_q4tp_"):
+		parts := strings.Split(name, "_") // mv, family, rR
+		R, _ := strconv.Atoi(strings.TrimPrefix(parts[2], "r"))
+		rows := [3]int{c.int(3), c.int(4), c.int(5)}
+		cols, ldx, xoff, ldy, pro := c.int(6), c.int(8), c.int(9), c.int(11), c.int(18)
+		N := rows[0] + rows[1] + rows[2]
+		dt := map[string]quant.DType{"q8row": quant.Q8Row, "q4tp": quant.Q4TP}[parts[1]]
+		_, wantCfg, err := kern.MatvecLaunch(dt, N, cols, max(R, 1), 132) // the fake device has 132 SMs
+		xw := cols
+		if pro == kern.ProSilu {
+			xw = xoff + cols
+		}
+		errs := []error{want(R >= 1 && R <= 8, "R %d", R), err, want(pro >= kern.ProPlain && pro <= kern.ProSilu, "prologue %d", pro),
+			want(g == wantCfg.Grid && b == wantCfg.Block && c.cfg.Shared == wantCfg.Shared, "shape"),
+			want(ldx >= xw && ldy >= N && rows[0] > 0, "ld"),
+			f.span("x", c.ptr(7), rowsSpan(R, ldx, xw)), f.span("y", c.ptr(10), rowsSpan(R, ldy, N))}
+		for j := range 3 {
+			if rows[j] > 0 {
+				errs = append(errs, f.span("W", c.ptr(j), weightBytes(parts[1], rows[j], cols)))
+				if bias := c.ptr(12 + j); bias != 0 {
+					errs = append(errs, f.span("bias", bias, 4*int64(rows[j])))
+				}
+			}
+		}
+		if pro == kern.ProNorm || pro == kern.ProNorm1 {
+			errs = append(errs, f.span("norm", c.ptr(16), 4*int64(cols)))
+		}
+		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "mv_"):
 		parts := strings.Split(name, "_") // mv, family, rR
 		R, _ := strconv.Atoi(strings.TrimPrefix(parts[2], "r"))

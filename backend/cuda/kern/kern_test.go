@@ -137,6 +137,10 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		want["gemm_"+f] = []int{8, 4, 4, 8, 4, 8, 4, 4, 8, 4}
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
+			if f == "q8row" || f == "q4tp" {
+				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)
+				want["mv_"+f+"_r"+string(rune('0'+r))] = []int{8, 8, 8, 4, 4, 4, 4, 8, 4, 4, 8, 4, 8, 8, 8, 4, 8, 4, 4}
+			}
 		}
 	}
 	for name, ps := range want {

@@ -157,6 +157,62 @@ func MatvecRowsPerLaunch(d quant.DType, cols int) int {
 	return max(1, min(MaxMatvecRows, mqSharedBudget/MatvecShared(cols, 1)))
 }
 
+// Prologues of the quantized-activation matvecs (matvec.cu's pro).
+const (
+	ProPlain = 0 // x as is
+	ProNorm  = 1 // RMSNorm of x times the norm weight
+	ProNorm1 = 2 // zero-centred RMSNorm: times (1 + weight)
+	ProSilu  = 3 // silu(x[i])·x[xoff+i]
+)
+
+// MQ is one quantized-activation matvec (mv_q8row_r*, mv_q4tp_r*): up to
+// three tensors of one format and width stacked (rows side by side in y),
+// over a prologue of x (ProPlain, ProNorm, ProNorm1 with Norm and Eps,
+// ProSilu with XOff).
+type MQ struct {
+	W          [3]Ptr
+	Rows       [3]int
+	Bias       [3]Ptr
+	Cols       int
+	X          Ptr
+	Ldx, XOff  int
+	Y          Ptr
+	Ldy        int
+	Accumulate bool
+	Norm       Ptr
+	Eps        float32
+	Pro        int
+}
+
+// Pack packs into a the kernel parameters for activation rows r0.. of m.
+func (m MQ) Pack(a *driver.Args, r0 int) *driver.Args {
+	return a.Ptr(m.W[0]).Ptr(m.W[1]).Ptr(m.W[2]).Int(m.Rows[0]).Int(m.Rows[1]).Int(m.Rows[2]).Int(m.Cols).
+		Ptr(m.X.Add(int64(4 * r0 * m.Ldx))).Int(m.Ldx).Int(m.XOff).Ptr(m.Y.Add(int64(4 * r0 * m.Ldy))).Int(m.Ldy).
+		Ptr(m.Bias[0]).Ptr(m.Bias[1]).Ptr(m.Bias[2]).Int(b2i(m.Accumulate)).Ptr(m.Norm).F32(m.Eps).Int(m.Pro)
+}
+
+// Calls returns the launches of m over R activation rows for format d
+// (q8_row, q4tp; q8_2f's quants with x prescaled and ProPlain).
+func (m MQ) Calls(d quant.DType, R, sms int) ([]call, error) {
+	if !quantizedActs(d) || m.Pro < ProPlain || m.Pro > ProSilu || (m.Pro == ProNorm || m.Pro == ProNorm1) && m.Norm == 0 {
+		return nil, fmt.Errorf("kern: quantized-activation matvec over %s with prologue %d", d, m.Pro)
+	}
+	rows := m.Rows[0] + m.Rows[1] + m.Rows[2]
+	if R < 1 || m.Rows[0] < 1 || m.Rows[1] < 0 || m.Rows[2] < 0 || m.Cols < 1 || (d == quant.Q4TP && m.Cols%32 != 0) {
+		return nil, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, m.Cols, R)
+	}
+	per := MatvecRowsPerLaunch(d, m.Cols)
+	var cs []call
+	for r0 := 0; r0 < R; r0 += per {
+		name, cfg, err := MatvecLaunch(d, rows, m.Cols, min(per, R-r0), sms)
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, call{name, cfg, m.Pack(new(driver.Args), r0)})
+	}
+	return cs, nil
+}
+
 func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool, sms int) ([]call, error) {
 	if _, err := mvFamily(d); err != nil {
 		return nil, err
@@ -164,11 +220,12 @@ func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ld
 	if R < 1 || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
 		return nil, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, cols, R)
 	}
-	per := MatvecRowsPerLaunch(d, cols)
+	if quantizedActs(d) {
+		return MQ{W: [3]Ptr{W}, Rows: [3]int{rows}, Bias: [3]Ptr{bias}, Cols: cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Accumulate: accumulate}.Calls(d, R, sms)
+	}
 	var cs []call
-	for r0 := 0; r0 < R; r0 += per {
-		rr := min(per, R-r0)
-		name, cfg, err := MatvecLaunch(d, rows, cols, rr, sms)
+	for r0 := 0; r0 < R; r0 += MaxMatvecRows {
+		name, cfg, err := MatvecLaunch(d, rows, cols, min(MaxMatvecRows, R-r0), sms)
 		if err != nil {
 			return nil, err
 		}
@@ -177,6 +234,12 @@ func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ld
 		cs = append(cs, call{name, cfg, a})
 	}
 	return cs, nil
+}
+
+// MatvecQ queues a quantized-activation matvec (see MQ) over R rows.
+func (l *Launcher) MatvecQ(d quant.DType, m MQ, R int) error {
+	cs, err := m.Calls(d, R, l.M.SMs)
+	return l.run(cs, err)
 }
 
 // Matvec queues y[r][o] (=|+=) Σ_i W[o,i]·x[r][i] (+bias[o]) for R rows

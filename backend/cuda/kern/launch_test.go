@@ -80,8 +80,9 @@ func TestMatvecSplitsRows(t *testing.T) {
 	}
 	for i, c := range cs {
 		b := c.args.Bytes()
-		x := binary.LittleEndian.Uint64(b[c.args.Offset(3):])
-		y := binary.LittleEndian.Uint64(b[c.args.Offset(5):])
+		// MQ's parameters: x is the 8th, y the 11th.
+		x := binary.LittleEndian.Uint64(b[c.args.Offset(7):])
+		y := binary.LittleEndian.Uint64(b[c.args.Offset(10):])
 		if c.name != wantNames[i] || x != 0x2000+uint64(4*8*i*260) || y != 0x3000+uint64(4*8*i*70) {
 			t.Fatalf("launch %d: %s x %#x y %#x", i, c.name, x, y)
 		}
@@ -110,5 +111,27 @@ func TestMatvecSplitsRows(t *testing.T) {
 	}
 	if _, err := attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 6, 4, 64, 10, 2, 1); err == nil {
 		t.Error("6 query heads over 4 kv heads accepted")
+	}
+}
+
+// MQ launches: stacked rows size the grid; a norm prologue without a
+// weight, an unknown prologue or a float format are refused.
+func TestMQCalls(t *testing.T) {
+	m := MQ{W: [3]Ptr{0x1000, 0x2000, 0x3000}, Rows: [3]int{4096, 1024, 1024}, Cols: 4096, X: 0x4000, Ldx: 4096, Y: 0x5000, Ldy: 6144, Norm: 0x6000, Pro: ProNorm}
+	cs, err := m.Calls(quant.Q4TP, 1, 132)
+	if err != nil || len(cs) != 1 || cs[0].name != "mv_q4tp_r1" || cs[0].cfg.Grid.X != 264 || cs[0].cfg.Shared != 128*40 {
+		t.Fatalf("q|k|v launch: %v %+v", err, cs)
+	}
+	bad := []MQ{m, m, m}
+	bad[0].Norm = 0
+	bad[1].Pro = 7
+	bad[2].Rows[0] = 0
+	for i, b := range bad {
+		if _, err := b.Calls(quant.Q4TP, 1, 132); err == nil {
+			t.Errorf("bad MQ %d accepted", i)
+		}
+	}
+	if _, err := m.Calls(quant.F16, 1, 132); err == nil {
+		t.Error("an MQ over f16 accepted")
 	}
 }

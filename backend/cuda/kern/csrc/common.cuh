@@ -67,6 +67,17 @@ __host__ __device__ __forceinline__ int q4tp_code(const uint8_t* codes, int g) {
   return (int)((v >> sh) & 31u);
 }
 
+// RMSNorm's arithmetic (the CPU's): inv = float(1/sqrt(float(Σx²/n) + eps))
+// from Σx² in float64; y = w·(x·inv), or (x·inv)·(1+w) zero-centred.
+__device__ __forceinline__ float rms_inv(double ss, int n, float eps) {
+  const float ms = (float)(ss / (double)n);
+  return (float)(1.0 / sqrt((double)(ms + eps)));
+}
+
+__device__ __forceinline__ float rms_apply(float v, float inv, float w, int one_plus) {
+  return one_plus ? (v * inv) * (1.0f + w) : w * (v * inv);
+}
+
 // Block-wide deterministic reductions for blocks of up to 1024 threads: a
 // fixed shuffle tree per warp, then warp 0 over the warps' results. sh
 // needs 32 slots. Every thread gets the result.

@@ -144,26 +144,40 @@ __device__ __forceinline__ void mv_plain(const uint8_t* __restrict__ W, int rows
 }
 
 // Quantized-activation matvecs (production for q8_row, q8_2f's quants and
-// q4tp): each block first quantizes its R activation rows into shared
-// memory, per block of 32 exactly as the CPU's int8 kernels do
+// q4tp): y[r][v] (=|+=) W_v·x'[r] (+ bias) over the rows v of up to three
+// tensors of one format and width stacked (q|k|v, gate|up: rows0 + rows1
+// + rows2 outputs side by side in y), x' the prologue of x:
+//   pro 0  x as is;
+//   pro 1  RMSNorm of x with weight nw (pro 2: zero-centred, (1+nw)), the
+//          arithmetic of rmsnorm (norm.cu) with Σx² summed in another order;
+//   pro 3  SwiGLU: silu(x[i])·x[xoff + i], as silu_mul (act.cu).
+// Each block computes x' for its R activation rows and quantizes it into
+// shared memory, per block of 32 exactly as the CPU's int8 kernels do
 // (kernels/quantx.go quantizeBlock: amax over the block, id = 127/amax,
-// q = round-half-even(x·id), d = amax/127; a block with amax < 2^-120 or
-// NaN is all zeros), then every warp walks whole weight rows, a lane per
+// q = round-half-even(x'·id), d = amax/127; a block with amax < 2^-120 or
+// NaN is all zeros). Then every warp walks whole weight rows, a lane per
 // group of 32 weights, with dp4a: q4tp adds rung·d·(Σ n·q − 8·Σq) per group
 // (n the stored nibble), q8_row d·Σ w·q per block and the row scale at the
 // end. Weight loads are double-buffered across batches and rows, and the
-// first batch is issued before the quantization (weights never depend on
-// the previous kernel). Why: float activations cost 4 bytes of L1/L2
+// first batch is issued before the prologue (weights never depend on the
+// previous kernel). Why int8: float activations cost 4 bytes of L1/L2
 // traffic per weight (8× a q4tp weight's bytes); int8 in shared memory
-// cost 1 and leave the kernel bound by DRAM.
+// cost 1 and leave the kernel bound by DRAM. Why the fused prologue: it
+// saves the launches of rmsnorm and silu_mul in a decode step.
 //
-// Launch: block 256 (8 warps), grid min(⌈rows/8⌉, 2·SMs) (rows in a
-// grid-stride loop), dynamic shared memory R·nb·40 bytes (nb = ⌈cols/32⌉):
-// the quants at [r][half][b][16] (the first and second 16 of each block in
-// two planes, so the lanes' 16-byte reads are conflict-free), then (d, Σq)
-// pairs at [r][b].
+// Parameters: (W0, W1, W2, rows0, rows1, rows2, cols, x, ldx, xoff, y, ldy,
+// b0, b1, b2, accumulate, nw, eps, pro); unused tensors have 0 rows.
+// Launch: block 256 (8 warps), grid min(⌈rows/8⌉, 2·SMs) (rows =
+// rows0+rows1+rows2 in a grid-stride loop), dynamic shared memory R·nb·40
+// bytes (nb = ⌈cols/32⌉): the quants at [r][half][b][16] (the first and
+// second 16 of each block in two planes, so the lanes' 16-byte reads are
+// conflict-free), then (d, Σq) pairs at [r][b].
 #define MQ_WARPS 8
 #define MQ_GB 4  // q4tp groups a lane loads per batch (q8_row: MQ_GB/2 blocks of two 16-byte chunks)
+#define MQ_PLAIN 0
+#define MQ_NORM 1
+#define MQ_NORM1 2
+#define MQ_SILU 3
 
 __device__ __forceinline__ int mq_pos(int i, bool perm) {
   // perm: each 8 quants as (0,2,4,6,1,3,5,7), the order of a q4tp word's
@@ -172,86 +186,188 @@ __device__ __forceinline__ int mq_pos(int i, bool perm) {
   return perm ? (i & ~7) + (e >> 1) + 4 * (e & 1) : i;
 }
 
-template <int R, bool PERM>
-__device__ __forceinline__ void mq_quantize(const float* __restrict__ x, int ldx, int cols, int nb, int8_t* xq, int2* xds) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int t = warp; t < R * nb; t += MQ_WARPS) {
-    const int r = t / nb, b = t - r * nb;
-    const int i = 32 * b + lane;
-    const float v = i < cols ? x[(size_t)r * ldx + i] : 0.0f;
-    float am = fabsf(v);
+// mq_quant4 quantizes four consecutive values v of block b (element e0..e0+3
+// of it) held by 8 neighbouring lanes (a block of 32 is 8 lanes × 4).
+template <bool PERM>
+__device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0, int nb, int8_t* xq, int2* xds) {
+  float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  bool nan = v[0] != v[0] || v[1] != v[1] || v[2] != v[2] || v[3] != v[3];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float u = __shfl_xor_sync(FULL_MASK, am, o);
-      am = (am != am || u != u) ? __int_as_float(0x7fc00000) : fmaxf(am, u);  // NaN wins, as Go's max
-    }
-    int q = 0;
-    float d = 0.0f;
-    if (am >= 0x1p-120f) {
-      const float id = __fdiv_rn(127.0f, am);
-      q = __float2int_rn(__fmul_rn(v, id));
-      d = __fdiv_rn(am, 127.0f);
-    }
-    int s = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
-    const int p = mq_pos(lane, PERM);
-    xq[((size_t)(r * 2 + (p >> 4)) * nb + b) * 16 + (p & 15)] = (int8_t)q;
-    if (lane == 0) xds[r * nb + b] = make_int2(__float_as_int(d), s);
+  for (int o = 4; o > 0; o >>= 1) {
+    am = fmaxf(am, __shfl_xor_sync(FULL_MASK, am, o));
+    nan = nan || __shfl_xor_sync(FULL_MASK, (int)nan, o);
   }
+  int q[4] = {0, 0, 0, 0};
+  float d = 0.0f;
+  if (!nan && am >= 0x1p-120f) {
+    const float id = __fdiv_rn(127.0f, am);
+#pragma unroll
+    for (int j = 0; j < 4; j++) q[j] = __float2int_rn(__fmul_rn(v[j], id));
+    d = __fdiv_rn(am, 127.0f);
+  }
+  int s = q[0] + q[1] + q[2] + q[3];
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int p = mq_pos(e0 + j, PERM);
+    xq[((size_t)(r * 2 + (p >> 4)) * nb + b) * 16 + (p & 15)] = (int8_t)q[j];
+  }
+  if (e0 == 0) xds[r * nb + b] = make_int2(__float_as_int(d), s);
+}
+
+// mq_prologue fills xq/xds with the quantized x' of R rows (see above).
+// Every thread of the block takes part; it ends with __syncthreads.
+template <int R, bool PERM>
+__device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx, int xoff, int cols, int nb, int pro,
+                                            const float* __restrict__ nw, float eps, int8_t* xq, int2* xds) {
+  __shared__ double red[32];
+  __shared__ float inv[8];
+  const int tid = threadIdx.x;
+  const bool norm = pro == MQ_NORM || pro == MQ_NORM1;
+  if (norm) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const float* xr = x + (size_t)r * ldx;
+      double ss = 0.0;
+#pragma unroll 4
+      for (int i = tid; i < cols; i += MQ_WARPS * 32) ss += (double)xr[i] * (double)xr[i];
+      ss = block_sum_d(ss, red);  // ends with a barrier; red is rewritten only after the next one
+      if (tid == 0) inv[r] = rms_inv(ss, cols, eps);
+    }
+    __syncthreads();
+  }
+  // Quads: thread t takes elements 4q..4q+3 of quad q = t, t + 256, ...
+  // over R rows × nb blocks × 8 quads; the 8 quads of a block sit in 8
+  // neighbouring lanes (nb·8 quads a row, a multiple of 8).
+  const int nq = R * nb * 8;
+  const bool vec = aligned16(x) && ldx % 4 == 0 && xoff % 4 == 0 && (!norm || aligned16(nw));
+  for (int q0 = tid; q0 < nq + MQ_WARPS * 32 * 3; q0 += MQ_WARPS * 32 * 4) {
+    float v[4][4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {  // four quads' loads in flight
+      const int qd = q0 + u * MQ_WARPS * 32;
+      const int r = qd / (nb * 8), i = 4 * (qd - r * nb * 8);
+      const float* xr = x + (size_t)r * ldx;
+#pragma unroll
+      for (int j = 0; j < 4; j++) v[u][j] = 0.0f;
+      if (qd >= nq) continue;
+      if (vec && i + 4 <= cols) {
+        const float4 t = *(const float4*)(xr + i);
+        v[u][0] = t.x, v[u][1] = t.y, v[u][2] = t.z, v[u][3] = t.w;
+        if (pro == MQ_SILU) {
+          const float4 w = *(const float4*)(xr + xoff + i);
+          const float g[4] = {t.x, t.y, t.z, t.w}, up[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) v[u][j] = g[j] / (1.0f + expf(-g[j])) * up[j];
+        } else if (norm) {
+          const float4 w = *(const float4*)(nw + i);
+          const float wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) v[u][j] = rms_apply(v[u][j], inv[r], wv[j], pro == MQ_NORM1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          if (i + j >= cols) continue;
+          float e = xr[i + j];
+          if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * xr[xoff + i + j];
+          else if (norm) e = rms_apply(e, inv[r], nw[i + j], pro == MQ_NORM1);
+          v[u][j] = e;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int qd = q0 + u * MQ_WARPS * 32;
+      // Whole groups of 8 lanes are in or out together (nq is a multiple of 8).
+      if (qd - (threadIdx.x & 7) >= nq) continue;
+      const int r = qd / (nb * 8), k = qd - r * nb * 8;
+      mq_quant4<PERM>(v[u], r, k >> 3, 4 * (k & 7), nb, xq, xds);
+    }
+  }
+  __syncthreads();
+}
+
+#define MQ_PARAMS                                                                                              \
+  const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0,   \
+      int rows1, int rows2, int cols, const float *__restrict__ x, int ldx, int xoff, float *__restrict__ y,     \
+      int ldy, const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2,         \
+      int accumulate, const float *__restrict__ nw, float eps, int pro
+#define MQ_ARGS W0, W1, W2, rows0, rows1, rows2, cols, x, ldx, xoff, y, ldy, b0, b1, b2, accumulate, nw, eps, pro
+
+// mq_tensor resolves stacked row v to its tensor, the tensor's rows and
+// the row within it.
+struct MQRow {
+  const uint8_t* W;
+  const float* bias;
+  int rows, o;
+};
+__device__ __forceinline__ MQRow mq_row(int v, const uint8_t* W0, const uint8_t* W1, const uint8_t* W2, int rows0, int rows1,
+                                        int rows2, const float* b0, const float* b1, const float* b2) {
+  if (v < rows0) return MQRow{W0, b0, rows0, v};
+  if (v < rows0 + rows1) return MQRow{W1, b1, rows1, v - rows0};
+  return MQRow{W2, b2, rows2, v - rows0 - rows1};
+}
+
+__device__ __forceinline__ void mq_store(float* y, float v, const float* bias, int o, int accumulate) {
+  if (bias) v += bias[o];
+  if (accumulate) v += *y;
+  *y = v;
 }
 
 template <int R>
-__device__ __forceinline__ void mq_q4tp(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x, int ldx,
-                                        float* __restrict__ y, int ldy, const float* __restrict__ bias, int accumulate) {
+__device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gpr = cols / 32;
+  const int gpr = cols / 32, N = rows0 + rows1 + rows2;
   int8_t* xq = (int8_t*)mq_smem;
   int2* xds = (int2*)(mq_smem + (size_t)R * gpr * 32);
   pdl_trigger();
-  const size_t poff = (size_t)rows * gpr * 16, coff = poff + (size_t)rows * 4;
   const int stride = (5 * gpr + 7) / 8;
   const int rstep = gridDim.x * MQ_WARPS;
   const int nbat = (gpr + 32 * MQ_GB - 1) / (32 * MQ_GB);
-  auto load = [&](int o, int bt, uint4* w, int* code, uint32_t& ab) {
+  auto load = [&](int v, int bt, uint4* w, int* code, uint32_t& ab) {
+    const bool in = v < N;
+    const MQRow t = mq_row(in ? v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+    const size_t poff = (size_t)t.rows * gpr * 16, coff = poff + (size_t)t.rows * 4;
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
       const int g = (bt * MQ_GB + j) * 32 + lane;
-      const bool on = o < rows && g < gpr;
-      w[j] = on ? __ldcs((const uint4*)(W + ((size_t)o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
-      code[j] = on ? q4tp_code(W + coff + (size_t)o * stride, g) : 0;
+      const bool on = in && g < gpr;
+      w[j] = on ? __ldcs((const uint4*)(t.W + ((size_t)t.o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
+      code[j] = on ? q4tp_code(t.W + coff + (size_t)t.o * stride, g) : 0;
     }
-    if (bt == 0 && o < rows) ab = (uint32_t)ld_u16(W + poff + 4 * (size_t)o) | ((uint32_t)ld_u16(W + poff + 4 * (size_t)o + 2) << 16);
+    if (bt == 0 && in)
+      ab = (uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o) | ((uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o + 2) << 16);
   };
-  int o = blockIdx.x * MQ_WARPS + warp, bt = 0;
+  int v = blockIdx.x * MQ_WARPS + warp, bt = 0;
   uint4 cw[MQ_GB];
   int cc[MQ_GB];
   uint32_t cab = 0;
-  load(o, 0, cw, cc, cab);
+  load(v, 0, cw, cc, cab);
   pdl_wait();
-  mq_quantize<R, true>(x, ldx, cols, gpr, xq, xds);
-  __syncthreads();
+  mq_prologue<R, true>(x, ldx, xoff, cols, gpr, pro, nw, eps, xq, xds);
   float lad = 0.0f, acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  while (o < rows) {  // warp-uniform
-    int no = o, nbt = bt + 1;
-    if (nbt == nbat) nbt = 0, no = o + rstep;
-    uint4 nw[MQ_GB];
+  while (v < N) {  // warp-uniform
+    int nv = v, nbt = bt + 1;
+    if (nbt == nbat) nbt = 0, nv = v + rstep;
+    uint4 nw4[MQ_GB];
     int nc[MQ_GB];
     uint32_t nab = cab;
-    load(no, nbt, nw, nc, nab);
+    load(nv, nbt, nw4, nc, nab);
     if (bt == 0) lad = q4tp_rung((uint16_t)(cab & 0xffff), (uint16_t)(cab >> 16), lane);
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
       const int g = (bt * MQ_GB + j) * 32 + lane;
       const float sc = __shfl_sync(FULL_MASK, lad, cc[j]);
       if (g < gpr) {
-        const uint32_t v[4] = {cw[j].x, cw[j].y, cw[j].z, cw[j].w};
+        const uint32_t wv[4] = {cw[j].x, cw[j].y, cw[j].z, cw[j].w};
         uint32_t lo[4], hi[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) lo[k] = v[k] & 0x0F0F0F0Fu, hi[k] = (v[k] >> 4) & 0x0F0F0F0Fu;
+        for (int k = 0; k < 4; k++) lo[k] = wv[k] & 0x0F0F0F0Fu, hi[k] = (wv[k] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
         for (int r = 0; r < R; r++) {
           const int4 q0 = *(const int4*)(xq + ((size_t)(2 * r) * gpr + g) * 16);
@@ -270,15 +386,16 @@ __device__ __forceinline__ void mq_q4tp(const uint8_t* __restrict__ W, int rows,
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
       if (lane == 0) {
+        const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
-        for (int r = 0; r < R; r++) mv_store(y + (size_t)r * ldy + o, acc[r], bias, o, accumulate);
+        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + v, acc[r], t.bias, t.o, accumulate);
       }
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = 0.0f;
     }
-    o = no, bt = nbt, cab = nab;
+    v = nv, bt = nbt, cab = nab;
 #pragma unroll
-    for (int j = 0; j < MQ_GB; j++) cw[j] = nw[j], cc[j] = nc[j];
+    for (int j = 0; j < MQ_GB; j++) cw[j] = nw4[j], cc[j] = nc[j];
   }
 }
 
@@ -286,45 +403,45 @@ __device__ __forceinline__ void mq_q4tp(const uint8_t* __restrict__ W, int rows,
 // blocks a batch. Rows that are not whole 16-byte chunks (or a tensor not
 // 16-byte aligned) read byte-wise.
 template <int R>
-__device__ __forceinline__ void mq_q8row(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x, int ldx,
-                                         float* __restrict__ y, int ldy, const float* __restrict__ bias, int accumulate) {
+__device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
   constexpr int NB = MQ_GB / 2;
   extern __shared__ __align__(16) uint8_t mq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nb = (cols + 31) / 32;
+  const int nb = (cols + 31) / 32, N = rows0 + rows1 + rows2;
   int8_t* xq = (int8_t*)mq_smem;
   int2* xds = (int2*)(mq_smem + (size_t)R * nb * 32);
   pdl_trigger();
-  const bool vec = aligned16(W) && cols % 16 == 0;
+  const bool vec = aligned16(W0) && (rows1 == 0 || aligned16(W1)) && (rows2 == 0 || aligned16(W2)) && cols % 16 == 0;
   const int rstep = gridDim.x * MQ_WARPS;
   const int nbat = (nb + 32 * NB - 1) / (32 * NB);
-  auto load = [&](int o, int bt, uint4* w, uint32_t& sc) {
+  auto load = [&](int v, int bt, uint4* w, uint32_t& sc) {
+    const bool in = v < N;
+    const MQRow t = mq_row(in ? v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
     for (int j = 0; j < NB; j++) {
       const int b = (bt * NB + j) * 32 + lane;
-      const uint8_t* p = W + (size_t)o * cols + 32 * (size_t)b;
-      const bool on = vec && o < rows && b < nb;
+      const uint8_t* p = t.W + (size_t)t.o * cols + 32 * (size_t)b;
+      const bool on = vec && in && b < nb;
       w[2 * j] = on ? __ldcs((const uint4*)p) : make_uint4(0, 0, 0, 0);
       w[2 * j + 1] = (on && 32 * b + 16 < cols) ? __ldcs((const uint4*)(p + 16)) : make_uint4(0, 0, 0, 0);
     }
-    if (bt == 0 && o < rows) sc = ld_u16(W + (size_t)rows * cols + 2 * (size_t)o);
+    if (bt == 0 && in) sc = ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
   };
-  int o = blockIdx.x * MQ_WARPS + warp, bt = 0;
+  int v = blockIdx.x * MQ_WARPS + warp, bt = 0;
   uint4 cw[2 * NB];
   uint32_t csc = 0;
-  load(o, 0, cw, csc);
+  load(v, 0, cw, csc);
   pdl_wait();
-  mq_quantize<R, false>(x, ldx, cols, nb, xq, xds);
-  __syncthreads();
+  mq_prologue<R, false>(x, ldx, xoff, cols, nb, pro, nw, eps, xq, xds);
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  while (o < rows) {  // warp-uniform
-    int no = o, nbt = bt + 1;
-    if (nbt == nbat) nbt = 0, no = o + rstep;
-    uint4 nw[2 * NB];
+  while (v < N) {  // warp-uniform
+    int nv = v, nbt = bt + 1;
+    if (nbt == nbat) nbt = 0, nv = v + rstep;
+    uint4 nw4[2 * NB];
     uint32_t nsc = csc;
-    load(no, nbt, nw, nsc);
+    load(nv, nbt, nw4, nsc);
 #pragma unroll
     for (int j = 0; j < NB; j++) {
       const int b = (bt * NB + j) * 32 + lane;
@@ -343,7 +460,8 @@ __device__ __forceinline__ void mq_q8row(const uint8_t* __restrict__ W, int rows
             acc[r] += __int_as_float(xds[r * nb + b].x) * (float)s;
           }
         } else {
-          const uint8_t* row = W + (size_t)o * cols;
+          const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+          const uint8_t* row = t.W + (size_t)t.o * cols;
 #pragma unroll
           for (int r = 0; r < R; r++) {
             int s = 0;
@@ -361,17 +479,31 @@ __device__ __forceinline__ void mq_q8row(const uint8_t* __restrict__ W, int rows
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
       if (lane == 0) {
+        const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
-        for (int r = 0; r < R; r++) mv_store(y + (size_t)r * ldy + o, acc[r] * rs, bias, o, accumulate);
+        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + v, acc[r] * rs, t.bias, t.o, accumulate);
       }
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = 0.0f;
     }
-    o = no, bt = nbt, csc = nsc;
+    v = nv, bt = nbt, csc = nsc;
 #pragma unroll
-    for (int j = 0; j < 2 * NB; j++) cw[j] = nw[j];
+    for (int j = 0; j < 2 * NB; j++) cw[j] = nw4[j];
   }
 }
+
+#define MQ_KERNELS(R)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) mv_q8row_r##R(MQ_PARAMS) { mq_q8row<R>(MQ_ARGS); }     \
+  extern "C" __global__ void __launch_bounds__(256) mv_q4tp_r##R(MQ_PARAMS) { mq_q4tp<R>(MQ_ARGS); }
+
+MQ_KERNELS(1)
+MQ_KERNELS(2)
+MQ_KERNELS(3)
+MQ_KERNELS(4)
+MQ_KERNELS(5)
+MQ_KERNELS(6)
+MQ_KERNELS(7)
+MQ_KERNELS(8)
 
 #define MV_PARAMS                                                                                          \
   const uint8_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int ldx, float *__restrict__ y, \
@@ -381,9 +513,7 @@ __device__ __forceinline__ void mq_q8row(const uint8_t* __restrict__ W, int rows
 #define MV_KERNELS(R)                                                                                          \
   extern "C" __global__ void __launch_bounds__(128) mv_f32_r##R(MV_PARAMS) { mv_plain<R, FmtF32>(MV_ARGS); }   \
   extern "C" __global__ void __launch_bounds__(128) mv_f16_r##R(MV_PARAMS) { mv_plain<R, FmtF16>(MV_ARGS); }   \
-  extern "C" __global__ void __launch_bounds__(128) mv_bf16_r##R(MV_PARAMS) { mv_plain<R, FmtBF16>(MV_ARGS); } \
-  extern "C" __global__ void __launch_bounds__(256) mv_q8row_r##R(MV_PARAMS) { mq_q8row<R>(MV_ARGS); }       \
-  extern "C" __global__ void __launch_bounds__(256) mv_q4tp_r##R(MV_PARAMS) { mq_q4tp<R>(MV_ARGS); }
+  extern "C" __global__ void __launch_bounds__(128) mv_bf16_r##R(MV_PARAMS) { mv_plain<R, FmtBF16>(MV_ARGS); }
 
 MV_KERNELS(1)
 MV_KERNELS(2)

@@ -3,15 +3,6 @@
 // float(1/sqrt(float(Σx²/n) + eps)), y = w·(x·inv) or (1+w)·(x·inv).
 #include "common.cuh"
 
-__device__ __forceinline__ float rms_inv(double ss, int n, float eps) {
-  const float ms = (float)(ss / (double)n);
-  return (float)(1.0 / sqrt((double)(ms + eps)));
-}
-
-__device__ __forceinline__ float rms_apply(float v, float inv, float w, int one_plus) {
-  return one_plus ? (v * inv) * (1.0f + w) : w * (v * inv);
-}
-
 // rmsnorm: y[r][i] = norm(x[r])[i]·(w[i] or 1+w[i]); y may alias x.
 // Launch: grid R, block 256 (any multiple of 32 up to 1024).
 extern "C" __global__ void rmsnorm(const float* x, int ldx, const float* __restrict__ w, float* y, int ldy, int n,
