@@ -309,6 +309,16 @@ type Planner interface {
 	Plan(weightBytes int64, spec SeqSpec, widest int) error
 }
 
+// Prober is a device that measures its own memory read bandwidth: a
+// streaming read of a device buffer of about bytes (less where the device
+// has less memory free), timed on the device, the best of several runs, in
+// GB/s (1e9 bytes a second). cortiq bench compares a decode's weight
+// traffic with it when the device provides it, instead of the host's
+// probe.
+type Prober interface {
+	ReadProbe(bytes int64) (gbps float64, err error)
+}
+
 // Releaser is a device whose sequences hold pooled resources (a GPU's
 // K/V slots) that Release returns; on other devices a sequence is simply
 // dropped.

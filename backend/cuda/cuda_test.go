@@ -170,3 +170,23 @@ func TestGPUGraphReplayEqualsEager(t *testing.T) {
 		t.Fatal("no step was replayed from a graph")
 	}
 }
+
+// TestGPUReadProbe: the device's read probe (backend.Prober, what cortiq
+// bench compares decode rows with) gives a bandwidth the GPU can have
+// (targets.md: 4547 GB/s best of 10 on the H200; kern's
+// BenchmarkGPUReadProbe measured 4513), over the default, a small and an
+// odd-sized buffer.
+func TestGPUReadProbe(t *testing.T) {
+	g := open(t, cuda.Options{Seqs: 1, Ctx: 16})
+	var p backend.Prober = g
+	for _, n := range []int64{0, 64 << 20, 1<<30 + 5} {
+		gbps, err := p.ReadProbe(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("read probe over %d bytes (0: 1 GiB): %.0f GB/s", n, gbps)
+		if !(gbps > 50 && gbps < 50000) {
+			t.Errorf("read probe over %d bytes: %g GB/s", n, gbps)
+		}
+	}
+}
