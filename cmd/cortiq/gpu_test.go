@@ -247,3 +247,56 @@ func TestFixtureMetricsCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUBench: `cortiq bench --device cuda` takes the bandwidth fraction
+// against the GPU's own read probe (cuda.Device.ReadProbe), not the
+// host's: the JSON names the GPU as the probe's source with a figure a GPU
+// has, the rows' threads are 0 ("-" in the table) and bandwidth_pct is
+// against the row's device probe.
+func TestGPUBench(t *testing.T) {
+	needGPU(t)
+	path := filepath.Join(t.TempDir(), "tiny.cmf")
+	if _, err := cli(t, "synth", "--shape", "tiny_llama", "--quant", "q8_row", "-o", path); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cli(t, "bench", path, "-p", "16", "-n", "8", "-r", "2", "--device", "cuda", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var rep struct {
+		ReadBandwidth float64 `json:"read_bandwidth_bytes_per_sec"`
+		Source        string  `json:"read_bandwidth_source"`
+		Results       []struct {
+			Test          string  `json:"test"`
+			Threads       int     `json:"threads"`
+			GBPerSec      float64 `json:"gb_per_sec"`
+			BandwidthPct  float64 `json:"bandwidth_pct"`
+			ReadBandwidth float64 `json:"read_bandwidth"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Logf("read probe on %s: %.0f GB/s", rep.Source, rep.ReadBandwidth/1e9)
+	if !strings.HasPrefix(rep.Source, "cuda:0") || !(rep.ReadBandwidth > 100e9 && rep.ReadBandwidth < 50000e9) || len(rep.Results) != 2 {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, x := range rep.Results {
+		if x.Threads != 0 {
+			t.Errorf("%s: threads %d on the GPU", x.Test, x.Threads)
+		}
+		if x.Test == "tg8" {
+			want := 100 * x.GBPerSec * 1e9 / x.ReadBandwidth
+			if x.ReadBandwidth < rep.ReadBandwidth || !(x.BandwidthPct > 0) || math.Abs(x.BandwidthPct-want) > 1e-9*want {
+				t.Errorf("tg8: %+v (bandwidth_pct want %g)", x, want)
+			}
+		}
+	}
+	out, err = cli(t, "bench", path, "-p", "0", "-n", "8", "-r", "1", "--device", "cuda")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "read bandwidth probed on cuda:0") || !strings.Contains(out, " | - | tg8 | ") {
+		t.Errorf("table:\n%s", out)
+	}
+}
