@@ -73,6 +73,9 @@ type Device struct {
 	st      *state
 	graphs  map[graphKey]graph
 	replays int
+
+	timing *backend.StepTimes // StepTimer figures, nil: not timing
+	events []driver.Event     // its timing events, made on first use
 }
 
 // stageBytes is the pinned staging buffer used for uploads and per-step
@@ -446,4 +449,5 @@ var (
 	_ backend.Device   = (*Device)(nil)
 	_ backend.Planner  = (*Device)(nil)
 	_ backend.Releaser = (*Device)(nil)
+	_ backend.StepTimer = (*Device)(nil)
 )
