@@ -446,8 +446,8 @@ func (d *Device) Release(s backend.Seq) {
 }
 
 var (
-	_ backend.Device   = (*Device)(nil)
-	_ backend.Planner  = (*Device)(nil)
-	_ backend.Releaser = (*Device)(nil)
+	_ backend.Device    = (*Device)(nil)
+	_ backend.Planner   = (*Device)(nil)
+	_ backend.Releaser  = (*Device)(nil)
 	_ backend.StepTimer = (*Device)(nil)
 )

@@ -944,7 +944,7 @@ func TestStepTimer(t *testing.T) {
 // closeTimes compares step times to within 1 ns per step (the events'
 // float32 milliseconds round).
 func closeTimes(a, b backend.StepTimes) bool {
-	near := func(x, y time.Duration, n int) bool { return (x-y).Abs() <= time.Duration(n+1)*time.Nanosecond }
+	near := func(x, y time.Duration, n int) bool { return (x - y).Abs() <= time.Duration(n+1)*time.Nanosecond }
 	return a.Steps == b.Steps && a.Graphs == b.Graphs && a.Kernels == b.Kernels &&
 		near(a.StepTime, b.StepTime, a.Steps) && near(a.KernelTime, b.KernelTime, a.Kernels)
 }
