@@ -75,6 +75,9 @@ type Report struct {
 	ReadBandwidthSource string   `json:"read_bandwidth_source,omitempty"`
 	Threads             int      `json:"threads"`
 	Results             []Result `json:"results"`
+	// StepProfiles: per model, a decode step's kernel time and gaps, on a
+	// device that times its steps (backend.StepTimer).
+	StepProfiles []StepProfile `json:"decode_step_profiles,omitempty"`
 	// Where and when, for the caption of a plot.
 	Machine string `json:"machine,omitempty"`
 	Device  string `json:"device,omitempty"` // the device's name: cpu (2 threads, avx512), a GPU's
@@ -257,5 +260,8 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "\nread bandwidth probed on %s: %.0f GB/s; each tg row is compared with the best device probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidthSource, r.ReadBandwidth/1e9)
 	} else if r.ReadBandwidth > 0 {
 		fmt.Fprintf(w, "\nread bandwidth probed at the start: %.1f GB/s with %d threads; each tg row is compared with the best probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidth/1e9, r.Threads)
+	}
+	for i := range r.StepProfiles {
+		r.StepProfiles[i].markdown(w)
 	}
 }

@@ -126,6 +126,16 @@ func newBench() *cobra.Command {
 					cfg.Probe = func() float64 { return prober.Measure(2) }
 				}
 				res, err := bench.Run(cmd.Context(), path, e, cfg, bw)
+				if tm, ok := dev.(backend.StepTimer); ok && err == nil && n > 0 {
+					// Kernel time vs gaps, apart from the timed tests; a
+					// profile that fails costs only its line.
+					prof, perr := bench.ProfileSteps(cmd.Context(), path, e, tm, min(n, 32))
+					if perr != nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "cortiq: bench: no decode step profile: %v\n", perr)
+					} else {
+						rep.StepProfiles = append(rep.StepProfiles, *prof)
+					}
+				}
 				e.Close()
 				if err != nil {
 					return err

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cpu"
@@ -102,8 +103,9 @@ func TestBenchPlot(t *testing.T) {
 // and records the sizes it was asked for.
 type probingDevice struct {
 	backend.Device
-	gbps  float64
-	sizes []int64
+	gbps   float64
+	sizes  []int64
+	timing []bool // TimeSteps calls
 }
 
 func (p *probingDevice) Name() string { return "cuda:0 (Fake H200, 132 SMs)" }
@@ -111,6 +113,14 @@ func (p *probingDevice) Name() string { return "cuda:0 (Fake H200, 132 SMs)" }
 func (p *probingDevice) ReadProbe(n int64) (float64, error) {
 	p.sizes = append(p.sizes, n)
 	return p.gbps, nil
+}
+
+// It also times its steps (backend.StepTimer) with fixed figures: 4 steps
+// of 1500 µs replayed from graphs, 100 kernels of 12 µs.
+func (p *probingDevice) TimeSteps(on bool) { p.timing = append(p.timing, on) }
+
+func (p *probingDevice) StepTimes() backend.StepTimes {
+	return backend.StepTimes{Steps: 4, Graphs: 4, StepTime: 6 * time.Millisecond, Kernels: 100, KernelTime: 1200 * time.Microsecond}
 }
 
 // TestBenchDeviceProbe: on a device with its own read probe, bench takes
@@ -141,6 +151,9 @@ func TestBenchDeviceProbe(t *testing.T) {
 		strings.Contains(out, "with 1 threads") {
 		t.Errorf("probe line:\n%s", out)
 	}
+	if !strings.Contains(out, "\ndecode step of "+p+" on the device: 1500 µs (mean of 4, replayed from a graph); kernels 1200 µs (80%: 100 kernels, each timed by events in one eager step), gaps between kernels 300 µs (20%)\n") {
+		t.Errorf("no decode step profile line:\n%s", out)
+	}
 	rows := 0
 	for _, l := range strings.Split(out, "\n") {
 		if !strings.HasPrefix(l, "| "+p+" |") {
@@ -163,6 +176,9 @@ func TestBenchDeviceProbe(t *testing.T) {
 	if len(devs) != 1 || len(devs[0].sizes) != 3 || devs[0].sizes[0] != 1<<30 {
 		t.Errorf("device probes: %d devices, sizes %v", len(devs), devs[0].sizes)
 	}
+	if tm := devs[0].timing; len(tm) != 2 || !tm[0] || tm[1] {
+		t.Errorf("TimeSteps calls %v, want on then off (after the timed tests)", tm)
+	}
 
 	out, _, err = cliIO(t, nil, "bench", p, "-p", "0", "-n", "4", "-r", "1", "--threads", "1", "--device", "cuda", "--probe-mb", "64", "--json")
 	if err != nil {
@@ -172,7 +188,13 @@ func TestBenchDeviceProbe(t *testing.T) {
 		ReadBandwidth float64 `json:"read_bandwidth_bytes_per_sec"`
 		Source        string  `json:"read_bandwidth_source"`
 		Device        string  `json:"device"`
-		Results       []struct {
+		Profiles      []struct {
+			Steps   int     `json:"steps"`
+			StepUS  float64 `json:"step_us"`
+			Kernels int     `json:"kernels"`
+			GapUS   float64 `json:"gap_us"`
+		} `json:"decode_step_profiles"`
+		Results []struct {
 			Test          string    `json:"test"`
 			Threads       int       `json:"threads"`
 			GBPerSec      float64   `json:"gb_per_sec"`
@@ -186,6 +208,9 @@ func TestBenchDeviceProbe(t *testing.T) {
 	}
 	if rep.ReadBandwidth != 4513e9 || rep.Source != "cuda:0 (Fake H200, 132 SMs)" || rep.Device != rep.Source || len(rep.Results) != 1 {
 		t.Fatalf("report: %+v", rep)
+	}
+	if pr := rep.Profiles; len(pr) != 1 || pr[0].Steps != 4 || pr[0].StepUS != 1500 || pr[0].Kernels != 100 || math.Abs(pr[0].GapUS-300) > 1e-9 {
+		t.Errorf("decode_step_profiles: %+v", pr)
 	}
 	x := rep.Results[0]
 	want := 100 * x.GBPerSec * 1e9 / 4513e9

@@ -266,7 +266,15 @@ func TestGPUBench(t *testing.T) {
 	var rep struct {
 		ReadBandwidth float64 `json:"read_bandwidth_bytes_per_sec"`
 		Source        string  `json:"read_bandwidth_source"`
-		Results       []struct {
+		Profiles      []struct {
+			Steps   int     `json:"steps"`
+			Graphs  int     `json:"graph_replays"`
+			Kernels int     `json:"kernels"`
+			Step    float64 `json:"step_us"`
+			Kernel  float64 `json:"kernel_us"`
+			Gap     float64 `json:"gap_us"`
+		} `json:"decode_step_profiles"`
+		Results []struct {
 			Test          string  `json:"test"`
 			Threads       int     `json:"threads"`
 			GBPerSec      float64 `json:"gb_per_sec"`
@@ -280,6 +288,14 @@ func TestGPUBench(t *testing.T) {
 	t.Logf("read probe on %s: %.0f GB/s", rep.Source, rep.ReadBandwidth/1e9)
 	if !strings.HasPrefix(rep.Source, "cuda:0") || !(rep.ReadBandwidth > 100e9 && rep.ReadBandwidth < 50000e9) || len(rep.Results) != 2 {
 		t.Fatalf("report: %+v", rep)
+	}
+	if len(rep.Profiles) != 1 {
+		t.Fatalf("decode_step_profiles: %+v", rep.Profiles)
+	}
+	pr := rep.Profiles[0]
+	t.Logf("decode step: %.1f µs (%d steps, %d graph replays), kernels %.1f µs (%d), gaps %.1f µs", pr.Step, pr.Steps, pr.Graphs, pr.Kernel, pr.Kernels, pr.Gap)
+	if pr.Steps != 8 || pr.Graphs < 1 || pr.Kernels < 5 || !(pr.Step > 0 && pr.Kernel > 0) || math.Abs(pr.Step-pr.Kernel-pr.Gap) > 1e-6*pr.Step {
+		t.Errorf("decode step profile: %+v", pr)
 	}
 	for _, x := range rep.Results {
 		if x.Threads != 0 {
