@@ -24,6 +24,7 @@ package backend
 
 import (
 	"errors"
+	"time"
 
 	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/rope"
@@ -307,6 +308,38 @@ type Observable interface {
 // numbers. model.Load calls it when the device has it.
 type Planner interface {
 	Plan(weightBytes int64, spec SeqSpec, widest int) error
+}
+
+// Prober is a device that measures its own memory read bandwidth: a
+// streaming read of a device buffer of about bytes (less where the device
+// has less memory free), timed on the device, the best of several runs, in
+// GB/s (1e9 bytes a second). cortiq bench compares a decode's weight
+// traffic with it when the device provides it, instead of the host's
+// probe.
+type Prober interface {
+	ReadProbe(bytes int64) (gbps float64, err error)
+}
+
+// StepTimer is a device that can time its decode steps on the device, to
+// tell the time its kernels take from the gaps between them (launch
+// latency, dependencies): cortiq bench reports both for a decode step.
+type StepTimer interface {
+	// TimeSteps starts timing (discarding earlier figures) or stops it.
+	// While on, the first decode step runs its kernels one by one, each
+	// between a pair of device events, and later decode steps are timed
+	// whole by an event pair around their launches (a replayed graph).
+	TimeSteps(on bool)
+	// StepTimes returns what was measured since TimeSteps(true).
+	StepTimes() StepTimes
+}
+
+// StepTimes are a StepTimer's figures, in device time.
+type StepTimes struct {
+	Steps      int           // decode steps timed whole
+	Graphs     int           // how many of them were replayed graphs
+	StepTime   time.Duration // their sum
+	Kernels    int           // kernels of the one step timed kernel by kernel
+	KernelTime time.Duration // the sum of those kernels' times
 }
 
 // Releaser is a device whose sequences hold pooled resources (a GPU's

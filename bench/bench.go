@@ -68,9 +68,16 @@ type Result struct {
 
 // Report is a whole run.
 type Report struct {
-	ReadBandwidth float64  `json:"read_bandwidth_bytes_per_sec"`
-	Threads       int      `json:"threads"`
-	Results       []Result `json:"results"`
+	ReadBandwidth float64 `json:"read_bandwidth_bytes_per_sec"`
+	// ReadBandwidthSource names the device whose own read probe
+	// (backend.Prober) gave ReadBandwidth and the rows' ReadBandwidth;
+	// empty: the host's probe with Threads threads.
+	ReadBandwidthSource string   `json:"read_bandwidth_source,omitempty"`
+	Threads             int      `json:"threads"`
+	Results             []Result `json:"results"`
+	// StepProfiles: per model, a decode step's kernel time and gaps, on a
+	// device that times its steps (backend.StepTimer).
+	StepProfiles []StepProfile `json:"decode_step_profiles,omitempty"`
 	// Where and when, for the caption of a plot.
 	Machine string `json:"machine,omitempty"`
 	Device  string `json:"device,omitempty"` // the device's name: cpu (2 threads, avx512), a GPU's
@@ -242,10 +249,19 @@ func (r *Report) Markdown(w io.Writer) {
 		if x.BandwidthPct > 0 {
 			pct = fmt.Sprintf("%.0f%%", x.BandwidthPct)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
-			x.Model, x.Arch, x.Quant, units.Bytes(x.SizeBytes), units.Count(x.Params), x.Threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
+		threads := "-" // a device that is not the host's threads ran the row
+		if x.Threads > 0 {
+			threads = fmt.Sprint(x.Threads)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %s | %s | %s |\n",
+			x.Model, x.Arch, x.Quant, units.Bytes(x.SizeBytes), units.Count(x.Params), threads, x.Test, x.TokPerSec, x.TokPerSecSD, gb, rb, pct)
 	}
-	if r.ReadBandwidth > 0 {
+	if r.ReadBandwidth > 0 && r.ReadBandwidthSource != "" {
+		fmt.Fprintf(w, "\nread bandwidth probed on %s: %.0f GB/s; each tg row is compared with the best device probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidthSource, r.ReadBandwidth/1e9)
+	} else if r.ReadBandwidth > 0 {
 		fmt.Fprintf(w, "\nread bandwidth probed at the start: %.1f GB/s with %d threads; each tg row is compared with the best probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidth/1e9, r.Threads)
+	}
+	for i := range r.StepProfiles {
+		r.StepProfiles[i].markdown(w)
 	}
 }

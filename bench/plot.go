@@ -102,7 +102,9 @@ func (r *Report) Figure(peers []Peer) (*svgplot.Figure, error) {
 	if r.Note != "" {
 		f.Caption = append(f.Caption, "note: "+r.Note)
 	}
-	if r.ReadBandwidth > 0 {
+	if r.ReadBandwidth > 0 && r.ReadBandwidthSource != "" {
+		f.Caption = append(f.Caption, fmt.Sprintf("read bandwidth probed on %s at the start of the run: %.0f GB/s; tok/s are means over the repetitions", r.ReadBandwidthSource, r.ReadBandwidth/1e9))
+	} else if r.ReadBandwidth > 0 {
 		f.Caption = append(f.Caption, fmt.Sprintf("read bandwidth probed at the start of the run: %.1f GB/s; tok/s are means over the repetitions", r.ReadBandwidth/1e9))
 	}
 	for _, s := range sources {

@@ -205,7 +205,12 @@ func planGroup(v CUDAVariant, g Group, gi int, l Layout, b bufs) ([]launch, erro
 			if err != nil {
 				return nil, fmt.Errorf("lab: tensor %s: %w", t.Name, err)
 			}
-			ls = append(ls, launch{name, cfg, new(driver.Args).Ptr(w(j)).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)})
+			a := new(driver.Args).Ptr(w(j)).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
+			if d == quant.Q8Row || d == quant.Q4TP {
+				// The quantized-activation kernels' parameters (kern.MQ).
+				a = kern.MQ{W: [3]driver.DevicePtr{w(j)}, Rows: [3]int{rows}, Cols: cols, X: x, Ldx: cols, Y: y, Ldy: rows}.Pack(new(driver.Args), 0)
+			}
+			ls = append(ls, launch{name, cfg, a})
 			continue
 		}
 		if k.int8 {

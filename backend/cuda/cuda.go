@@ -83,6 +83,9 @@ type Device struct {
 	replays int
 	optin   map[string]int // kernels' opted-in dynamic shared memory (device thread only)
 	prof    *profile       // Options.Profile
+
+	timing *backend.StepTimes // StepTimer figures, nil: not timing
+	events []driver.Event     // its timing events, made on first use
 }
 
 // stageBytes is the pinned staging buffer used for uploads and per-step
@@ -463,7 +466,8 @@ func (d *Device) Release(s backend.Seq) {
 }
 
 var (
-	_ backend.Device   = (*Device)(nil)
-	_ backend.Planner  = (*Device)(nil)
-	_ backend.Releaser = (*Device)(nil)
+	_ backend.Device    = (*Device)(nil)
+	_ backend.Planner   = (*Device)(nil)
+	_ backend.Releaser  = (*Device)(nil)
+	_ backend.StepTimer = (*Device)(nil)
 )

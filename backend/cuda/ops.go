@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -37,6 +38,11 @@ type runner interface {
 	// times after the final sync (with Options.Profile; no-ops otherwise).
 	profStart() error
 	profEnd() error
+	// record records timing event i (created on first use) on the
+	// step's stream; since returns the milliseconds from event i to j,
+	// both recorded and completed (after sync).
+	record(i int) error
+	since(i, j int) (float32, error)
 }
 
 // gpuRunner runs a step on the device's stream.
@@ -109,6 +115,22 @@ func (g gpuRunner) endCapture() (driver.GraphExec, error) {
 }
 func (g gpuRunner) graphLaunch(e driver.GraphExec) error  { return g.c.GraphLaunch(e, g.d.strm) }
 func (g gpuRunner) destroyGraph(e driver.GraphExec) error { return g.c.DestroyGraphExec(e) }
+func (g gpuRunner) record(i int) error {
+	for len(g.d.events) <= i {
+		e, err := g.c.NewEvent(0)
+		if err != nil {
+			return err
+		}
+		g.d.events = append(g.d.events, e)
+	}
+	return g.c.Record(g.d.events[i], g.d.strm)
+}
+func (g gpuRunner) since(i, j int) (float32, error) {
+	if i >= len(g.d.events) || j >= len(g.d.events) {
+		return 0, fmt.Errorf("cuda: timing events %d and %d: only %d recorded", i, j, len(g.d.events))
+	}
+	return g.c.Elapsed(g.d.events[i], g.d.events[j])
+}
 
 // Step modes: run the kernels, record them into a graph, or only pack
 // them (to compare with a graph's recording before replaying it).
@@ -145,6 +167,10 @@ type state struct {
 	// bytes, copies): everything a captured graph bakes in. A graph is
 	// replayed only for a step whose signature equals its recording's.
 	sig []byte
+	// timeKernels: modeRun launches are each put between timing events
+	// 2+2k and 3+2k (StepTimer); timed counts them.
+	timeKernels bool
+	timed       int
 }
 
 // graphKey identifies the steps one captured graph may serve: decode
@@ -246,9 +272,23 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 		return
 	}
 	cfg := driver.Config{Grid: grid, Block: block, Shared: shared}
+	timed := st.timeKernels && st.mode == modeRun
+	if timed {
+		if err := st.r.record(2 + 2*st.timed); err != nil {
+			st.fail(fmt.Errorf("cuda: timing %s: %w", name, err))
+			return
+		}
+	}
 	if err := st.r.launch(name, cfg, &st.args); err != nil {
 		st.fail(err)
 		return
+	}
+	if timed {
+		if err := st.r.record(3 + 2*st.timed); err != nil {
+			st.fail(fmt.Errorf("cuda: timing %s: %w", name, err))
+			return
+		}
+		st.timed++
 	}
 	if st.d.opt.Eager && st.mode == modeRun {
 		if err := st.r.sync(); err != nil {
@@ -366,9 +406,14 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 		return err
 	}
 	key := graphKey{rows: st.rows, logits: b.Logits}
-	graphs := st.rows == len(b.Seqs) && d.opt.Graphs && !d.opt.Eager
+	decode := st.rows == len(b.Seqs)
+	graphs := decode && d.opt.Graphs && !d.opt.Eager
+	// StepTimer: the first decode step runs eagerly, kernel by kernel
+	// between events; later decode steps are timed whole (events 0, 1).
+	timeKernels := d.timing != nil && decode && d.timing.Kernels == 0
+	timeStep := d.timing != nil && decode && !timeKernels
 	replayed := false
-	if g, ok := d.graphs[key]; ok && graphs {
+	if g, ok := d.graphs[key]; ok && graphs && !timeKernels {
 		// Pack the step without launching it: replay only if it equals
 		// the recording (same weights, buffers, shapes and scalars).
 		st.begin(modeCheck)
@@ -377,8 +422,18 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 			return st.err
 		}
 		if !st.dynamic && !st.stale && bytes.Equal(st.sig, g.sig) {
+			if timeStep {
+				if err := r.record(0); err != nil {
+					return err
+				}
+			}
 			if err := r.graphLaunch(g.exec); err != nil {
 				return err
+			}
+			if timeStep {
+				if err := r.record(1); err != nil {
+					return err
+				}
 			}
 			d.replays++
 			replayed = true
@@ -386,9 +441,21 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 	}
 	if !replayed {
 		st.begin(modeRun)
+		if timeStep {
+			if err := r.record(0); err != nil {
+				return err
+			}
+		}
+		st.timeKernels, st.timed = timeKernels, 0
 		step(st)
+		st.timeKernels = false
 		if st.err != nil {
 			return st.err
+		}
+		if timeStep {
+			if err := r.record(1); err != nil {
+				return err
+			}
 		}
 		if graphs && !st.dynamic {
 			// The step ran eagerly with these shapes (its scratch is
@@ -406,7 +473,74 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 	if err := r.sync(); err != nil {
 		return err
 	}
-	return r.profEnd()
+	if err := r.profEnd(); err != nil {
+		return err
+	}
+	if timeStep || timeKernels {
+		return d.collectTimes(r, timeStep, replayed, timeKernels, st.timed)
+	}
+	return nil
+}
+
+// collectTimes adds a completed step's event times to d.timing: the step
+// whole (events 0 and 1) and/or its n kernels one by one.
+func (d *Device) collectTimes(r runner, whole, graph, kernels bool, n int) error {
+	ms := func(i, j int) (time.Duration, error) {
+		v, err := r.since(i, j)
+		if err != nil {
+			return 0, fmt.Errorf("cuda: step timing: %w", err)
+		}
+		return time.Duration(float64(v) * float64(time.Millisecond)), nil
+	}
+	if whole {
+		t, err := ms(0, 1)
+		if err != nil {
+			return err
+		}
+		d.timing.Steps++
+		d.timing.StepTime += t
+		if graph {
+			d.timing.Graphs++
+		}
+	}
+	if kernels && n > 0 {
+		var sum time.Duration
+		for k := range n {
+			t, err := ms(2+2*k, 3+2*k)
+			if err != nil {
+				return err
+			}
+			sum += t
+		}
+		d.timing.Kernels, d.timing.KernelTime = n, sum
+	}
+	return nil
+}
+
+// TimeSteps starts (discarding earlier figures) or stops timing decode
+// steps on the device (backend.StepTimer): while on, the first decode step
+// runs eagerly with each kernel between a pair of events (not replayed
+// from a graph), and every later decode step is timed whole by an event
+// pair around its launches: the replayed graph, or the eager launches
+// where there is none. Copies inside a step are not kernels: their time
+// counts as gaps.
+func (d *Device) TimeSteps(on bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.timing = nil
+	if on {
+		d.timing = &backend.StepTimes{}
+	}
+}
+
+// StepTimes returns what was measured since TimeSteps(true).
+func (d *Device) StepTimes() backend.StepTimes {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timing == nil {
+		return backend.StepTimes{}
+	}
+	return *d.timing
 }
 
 // capture records step on the device's stream as the graph for key.

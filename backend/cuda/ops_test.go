@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/backendtest"
@@ -57,6 +58,34 @@ type fakeGPU struct {
 	// numeric runs each launch's model (fakeexec_test.go) on the memory.
 	numeric bool
 	decoded map[string][]float32
+	// clock is the fake's device time: a kernel launched eagerly takes
+	// fakeKernel, a replayed graph fakeKernel+fakeGap per kernel in it;
+	// marks are the timing events' readings of it.
+	clock time.Duration
+	marks map[int]time.Duration
+}
+
+// The fake's device times (TestStepTimer).
+const fakeKernel, fakeGap = 10 * time.Microsecond, 2 * time.Microsecond
+
+func (f *fakeGPU) record(i int) error {
+	if f.capturing {
+		return fmt.Errorf("fake: timing event %d recorded into a graph", i)
+	}
+	if f.marks == nil {
+		f.marks = map[int]time.Duration{}
+	}
+	f.marks[i] = f.clock
+	return nil
+}
+
+func (f *fakeGPU) since(i, j int) (float32, error) {
+	a, ok := f.marks[i]
+	b, ok2 := f.marks[j]
+	if !ok || !ok2 {
+		return 0, fmt.Errorf("fake: timing events %d, %d not recorded", i, j)
+	}
+	return float32(float64(b-a) / float64(time.Millisecond)), nil
 }
 
 // inputs returns the staged-inputs buffer and its rows.
@@ -185,6 +214,7 @@ func (f *fakeGPU) graphLaunch(e driver.GraphExec) error {
 		return fmt.Errorf("fake: launch of graph %d, destroyed or never made", e)
 	}
 	f.replays++
+	f.clock += time.Duration(len(f.graphs[e])) * (fakeKernel + fakeGap)
 	if f.numeric {
 		for i := range f.graphs[e] {
 			f.exec(&f.graphs[e][i])
@@ -236,6 +266,7 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 		f.captured = append(f.captured, c)
 	} else {
 		f.calls = append(f.calls, c)
+		f.clock += fakeKernel
 		if f.numeric {
 			f.exec(&c)
 		}
@@ -894,4 +925,60 @@ func TestParitySuiteOnFake(t *testing.T) {
 // cases are not compared, as backendtest.Parity does).
 func notYet(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "not supported by this device yet")
+}
+
+// TestStepTimer: with timing on, the first decode step runs eagerly with
+// each kernel between timing events (never recorded into a graph), later
+// decode steps are timed whole around the replayed graph, prefill steps
+// are not timed, figures restart with TimeSteps(true) and stop with
+// TimeSteps(false). The fake's clock gives each kernel 10 µs and each
+// replayed kernel a 2 µs gap: the figures must be exactly those.
+func TestStepTimer(t *testing.T) {
+	f := newFake(t, 4)
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true})
+	var k backendtest.Case
+	for _, c := range backendtest.Cases() {
+		if c.Name == "attention/f32" {
+			k = c
+		}
+	}
+	sched := []backendtest.Step{{{Seq: 0, Tokens: 5}}}
+	for range 6 {
+		sched = append(sched, backendtest.Step{{Seq: 0, Tokens: 1}})
+	}
+	for round := range 2 {
+		d.TimeSteps(true)
+		before := f.replays
+		if _, err := backendtest.Run(d, k, sched, 3); err != nil {
+			t.Fatal(err)
+		}
+		got := d.StepTimes()
+		if len(f.graphs) != 1 {
+			t.Fatalf("%d graphs, want 1", len(f.graphs))
+		}
+		var n int
+		for _, g := range f.graphs {
+			n = len(g)
+		}
+		want := backend.StepTimes{Steps: 5, Graphs: 5, StepTime: 5 * time.Duration(n) * (fakeKernel + fakeGap),
+			Kernels: n, KernelTime: time.Duration(n) * fakeKernel}
+		if n == 0 || f.replays-before != 5 || !closeTimes(got, want) {
+			t.Fatalf("round %d: %d kernels a step, %d replays: step times %+v, want %+v", round, n, f.replays-before, got, want)
+		}
+	}
+	d.TimeSteps(false)
+	if _, err := backendtest.Run(d, k, sched, 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.StepTimes(); got != (backend.StepTimes{}) {
+		t.Fatalf("timing off: %+v", got)
+	}
+}
+
+// closeTimes compares step times to within 1 ns per step (the events'
+// float32 milliseconds round).
+func closeTimes(a, b backend.StepTimes) bool {
+	near := func(x, y time.Duration, n int) bool { return (x - y).Abs() <= time.Duration(n+1)*time.Nanosecond }
+	return a.Steps == b.Steps && a.Graphs == b.Graphs && a.Kernels == b.Kernels &&
+		near(a.StepTime, b.StepTime, a.Steps) && near(a.KernelTime, b.KernelTime, a.Kernels)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/bench"
 	"github.com/cortiq/cortiq/engine"
 )
@@ -75,17 +76,21 @@ func newBench() *cobra.Command {
 			}
 			rep := &bench.Report{Threads: threads, Machine: machineName(), Date: time.Now().UTC().Format(time.RFC3339),
 				Command: commandLine(cmd, args), Note: note}
+			// The read probe is the device's own (backend.Prober) where it
+			// has one, else the host's, made when the first model that runs
+			// on the host threads needs it.
 			var prober *bench.Prober
-			if !noProbe {
-				prober = bench.NewProber(int64(probeMB)<<20, threads)
-				rep.ReadBandwidth = prober.Measure(5)
-			}
 			for _, path := range args {
 				dev, err := openDevice(device, threads, deviceSize{seqs: maxBatch + 1, ctx: max(p, maxDepth) + n + 1, rows: max(p, maxDepth, 64, maxBatch)})
 				if err != nil {
 					return err
 				}
 				rep.Device = dev.Name()
+				devProbe, onDevice := dev.(backend.Prober)
+				if !noProbe && !onDevice && prober == nil {
+					prober = bench.NewProber(int64(probeMB)<<20, threads)
+					rep.ReadBandwidth = prober.Measure(5)
+				}
 				e, err := engine.Open(path, engine.Options{Threads: threads, Device: dev, OwnDevice: true, NoVerify: noVerify})
 				if err != nil {
 					return err
@@ -95,13 +100,50 @@ func newBench() *cobra.Command {
 					return err
 				}
 				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads, Depths: depths, Batches: batches}
-				if !noProbe {
+				bw := rep.ReadBandwidth
+				switch {
+				case noProbe:
+				case onDevice:
+					size := max(int64(1)<<30, bench.DecodeBytes(e))
+					if cmd.Flags().Changed("probe-mb") {
+						size = int64(probeMB) << 20
+					}
+					if bw, err = deviceProbe(devProbe, size); err != nil {
+						e.Close()
+						return fmt.Errorf("bench: %w", err)
+					}
+					if rep.ReadBandwidthSource == "" {
+						rep.ReadBandwidth, rep.ReadBandwidthSource = bw, dev.Name()
+					}
+					cfg.Probe = func() float64 {
+						b, err := deviceProbe(devProbe, size)
+						if err != nil {
+							fmt.Fprintf(cmd.ErrOrStderr(), "cortiq: bench: %v\n", err)
+						}
+						return b
+					}
+				default:
 					cfg.Probe = func() float64 { return prober.Measure(2) }
 				}
-				res, err := bench.Run(cmd.Context(), path, e, cfg, rep.ReadBandwidth)
+				res, err := bench.Run(cmd.Context(), path, e, cfg, bw)
+				if tm, ok := dev.(backend.StepTimer); ok && err == nil && n > 0 {
+					// Kernel time vs gaps, apart from the timed tests; a
+					// profile that fails costs only its line.
+					prof, perr := bench.ProfileSteps(cmd.Context(), path, e, tm, min(n, 32))
+					if perr != nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "cortiq: bench: no decode step profile: %v\n", perr)
+					} else {
+						rep.StepProfiles = append(rep.StepProfiles, *prof)
+					}
+				}
 				e.Close()
 				if err != nil {
 					return err
+				}
+				if onDevice {
+					for i := range res {
+						res[i].Threads = 0 // the device ran it, not the host's threads
+					}
 				}
 				rep.Results = append(rep.Results, res...)
 			}
@@ -129,7 +171,7 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&asJSON, "json", false, "JSON output")
 	c.Flags().BoolVar(&md, "md", true, "Markdown table output (default)")
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
-	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB")
+	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB (a device's own probe, where it has one: max(1 GiB, a decode step's weight bytes) unless given)")
 	c.Flags().IntSliceVar(&depths, "depths", nil, "also time tg at these context depths (prefill to each, then decode -n tokens), e.g. 0,512,2048")
 	c.Flags().IntSliceVar(&batches, "batches", nil, "also time aggregate tg of this many sequences decoded together, e.g. 1,2,4,8")
 	c.Flags().StringVar(&plotPath, "plot", "", "write an SVG figure (tok/s vs depth, vs batch, beside llama.cpp's quoted figures) to this file")
@@ -138,6 +180,15 @@ func newBench() *cobra.Command {
 	addDeviceFlag(c, &device)
 	addNoVerify(c, &noVerify)
 	return c
+}
+
+// deviceProbe runs a device's read probe over size bytes: bytes/s.
+func deviceProbe(p backend.Prober, size int64) (float64, error) {
+	gbps, err := p.ReadProbe(size)
+	if err != nil {
+		return 0, fmt.Errorf("the device's read probe: %w", err)
+	}
+	return gbps * 1e9, nil
 }
 
 // benchFlags are bench's flags in the order commandLine spells them.

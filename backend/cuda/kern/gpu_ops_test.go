@@ -231,11 +231,16 @@ func TestGPUSiluMulAdd(t *testing.T) {
 }
 
 // Attention reference in float64: softmax over positions 0..pos of the
-// row's slot, per query head, GQA head mapping h → h/(nq/nkv).
+// row's slot, per query head, GQA head mapping h → h/(nq/nkv). A row with
+// no position (pos < 0, length 0) attends to nothing: its output is zeros,
+// the definition the kernels implement (see Launcher.Attention).
 func refAttention(q, kc, vc []float32, pos, slot int, nq, nkv, hd, ctx int, scale float64) []float32 {
 	out := make([]float32, nq*hd)
 	G := nq / nkv
 	n := min(pos+1, ctx)
+	if n <= 0 {
+		return out
+	}
 	for h := range nq {
 		kh := h / G
 		s := make([]float64, n)
@@ -277,7 +282,8 @@ func attend(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, out
 }
 
 // TestGPUAttentionParity: GQA group sizes 1, 4, 7 and 16 (two passes of
-// 8), head sizes 64, 80, 128, lengths on both sides of split boundaries.
+// 8), head sizes 64, 80, 128, lengths on both sides of split boundaries,
+// and length 0 (pos = -1) in every case, which must give zeros.
 func TestGPUAttentionParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(8)
@@ -285,7 +291,7 @@ func TestGPUAttentionParity(t *testing.T) {
 		{4, 4, 64, 70, 1}, {8, 2, 128, 300, 4}, {28, 4, 80, 129, 16}, {32, 2, 64, 1000, 7},
 	} {
 		const slots = 2
-		lens := []int{1, 2, c.nsplit - 1, c.nsplit, c.nsplit + 1, 2*c.nsplit + 1, c.ctx - 1, c.ctx, c.ctx + 5}
+		lens := []int{0, 1, 2, c.nsplit - 1, c.nsplit, c.nsplit + 1, 2*c.nsplit + 1, c.ctx - 1, c.ctx, c.ctx + 5}
 		R := len(lens)
 		pos := make([]int32, R)
 		slot := make([]int32, R)
@@ -372,6 +378,33 @@ func TestGPUAttentionGraphLengths(t *testing.T) {
 					t.Fatalf("graph replay at length %d row %d: out[%d] = %g, want %g", pos[ri]+1, ri, i, got[ri*nq*hd+i], wv)
 				}
 			}
+		}
+	}
+}
+
+// The attention reference itself, on the CPU: an empty length gives zeros
+// (not NaN), one position gives that position's value row, and two equal
+// keys give the mean of their value rows.
+func TestRefAttentionEdges(t *testing.T) {
+	const nq, nkv, hd, ctx = 2, 1, 4, 3
+	r := rng(10)
+	q := r.vec(nq*hd, 1)
+	kc, vc := r.vec(nkv*ctx*hd, 1), r.vec(nkv*ctx*hd, 1)
+	for i, v := range refAttention(q, kc, vc, -1, 0, nq, nkv, hd, ctx, 0.5) {
+		if v != 0 {
+			t.Fatalf("length 0: out[%d] = %g, want 0", i, v)
+		}
+	}
+	for i, v := range refAttention(q, kc, vc, 0, 0, nq, nkv, hd, ctx, 0.5) {
+		if !closeRel(v, vc[i%hd], 1e-6, 0) {
+			t.Fatalf("length 1: out[%d] = %g, want %g", i, v, vc[i%hd])
+		}
+	}
+	copy(kc[hd:2*hd], kc[:hd])
+	for i, v := range refAttention(q, kc, vc, 1, 0, nq, nkv, hd, ctx, 0.5) {
+		want := (vc[i%hd] + vc[hd+i%hd]) / 2
+		if !closeRel(v, want, 1e-6, 1e-7) {
+			t.Fatalf("length 2, equal keys: out[%d] = %g, want %g", i, v, want)
 		}
 	}
 }

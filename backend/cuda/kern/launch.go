@@ -357,8 +357,12 @@ func attentionCalls(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq
 }
 
 // Attention queues split-K decode attention over each row's cache (length
-// pos[r]+1 read on the device) and the merge into out; part holds
-// AttnPartFloats(R, nq, nsplit, hd) floats.
+// pos[r]+1 read on the device, clamped to [0, ctx]) and the merge into out;
+// part holds AttnPartFloats(R, nq, nsplit, hd) floats. Zero-length
+// attention is defined as zeros: a row with pos[r] < 0 attends to no
+// position and its output row is written as zeros (attn_merge writes 0
+// where the softmax denominator is 0), not the NaN of 0/0. Splits that get
+// no position contribute nothing to the merge.
 func (l *Launcher) Attention(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) error {
 	return l.run(attentionCalls(q, ldq, kc, vc, pos, slot, part, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
 }
