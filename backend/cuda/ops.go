@@ -8,6 +8,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -493,7 +494,8 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// activations, exact int8 weights, f32 accumulation: within the
 		// formats' own error). Float weights keep the exact f32 matvec.
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
-		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
+		name, grid, block := kern.GemmKernel(f, m.rows, rows)
+		st.launch(name, grid, block, 0)
 		return
 	}
 	for r0 := 0; r0 < rows; r0 += maxMatvecRows {

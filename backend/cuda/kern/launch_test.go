@@ -30,7 +30,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		for R := 1; R <= 17; R++ {
 			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true))
 		}
-		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))
+		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))    // 64-token tile
+		add(gemmCalls(d, 0x1000, 14336, 4096, 0x2000, 4096, 0x3000, 14336, 512, 0, false)) // 128-token tile
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
 	}
 	add(prescaleCalls(0x1000, 64, 256, 0x2000, 256, 0x3000, 256, 4), nil)
@@ -97,5 +98,32 @@ func TestMatvecSplitsRows(t *testing.T) {
 	}
 	if _, err := attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 6, 4, 64, 10, 2, 1); err == nil {
 		t.Error("6 query heads over 4 kv heads accepted")
+	}
+}
+
+// GemmKernel's tiles cover every weight row and token, and it takes the
+// 128-token tile exactly when that makes GemmBlocksMin blocks or more.
+func TestGemmKernelTiles(t *testing.T) {
+	for _, c := range []struct {
+		rows, T int
+		name    string
+	}{
+		{64, 1, "gemm_q4tp_t64"}, {130, 100, "gemm_q4tp_t64"}, {4096, 512, "gemm_q4tp_t64"},
+		{14336, 512, "gemm_q4tp"}, {8192, 512, "gemm_q4tp"}, {4096, 1024, "gemm_q4tp"}, {128, 32768, "gemm_q4tp"},
+	} {
+		name, grid, block := GemmKernel("q4tp", c.rows, c.T)
+		bm := 128
+		if strings.HasSuffix(name, "_t64") {
+			bm = 64
+		}
+		if name != c.name || block.X != 256 || block.Y != 1 || grid.Z != 1 {
+			t.Errorf("%d×T%d: %s block %v, want %s, 256", c.rows, c.T, name, block, c.name)
+		}
+		if int(grid.X)*128 < c.rows || int(grid.X-1)*128 >= c.rows || int(grid.Y)*bm < c.T || int(grid.Y-1)*bm >= c.T {
+			t.Errorf("%d×T%d: grid %v does not tile 128×%d blocks", c.rows, c.T, grid, bm)
+		}
+		if big := int((c.rows+127)/128) * ((c.T + 127) / 128); (bm == 128) != (big >= GemmBlocksMin) {
+			t.Errorf("%d×T%d: %d blocks of 128 tokens, took %s", c.rows, c.T, big, name)
+		}
 	}
 }
