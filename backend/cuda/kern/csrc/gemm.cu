@@ -138,13 +138,20 @@ struct GemmQ8 {
       }
     }
   }
+  // int8 to float without the conversion unit: 0x4B0000bb is 2^23 + bb,
+  // bb = the byte with its sign bit flipped (q + 128), so the float is
+  // exactly 2^23 + 128 + q.
+  __device__ static float q8f(uint32_t flipped, int j) {
+    return __int_as_float(__byte_perm(flipped, 0x4B000000u, 0x7440u | j)) - 8388736.0f;
+  }
   __device__ void store(__nv_bfloat16* dst) const {
     uint32_t p[8];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+      const uint32_t x = u[i] ^ 0x80808080u;
 #pragma unroll
-      for (int j = 0; j < 2; j++)
-        p[2 * i + j] = gm_pack((float)(int8_t)(u[i] >> (16 * j)), (float)(int8_t)(u[i] >> (16 * j + 8)));
+      for (int j = 0; j < 2; j++) p[2 * i + j] = gm_pack(q8f(x, 2 * j), q8f(x, 2 * j + 1));
+    }
     gm_st16(dst, p);
   }
   __device__ static float scale(const uint8_t* W, int rows, int cols, int o) {
