@@ -1,7 +1,8 @@
 // Prefill GEMM over weights as stored: Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]
 // (+ bias[o]) for a chunk of T rows, on tensor cores (mma.sync m16n8k16
-// bf16, float32 accumulation, fragments loaded with ldmatrix: nvcc 11.8
-// compiles WMMA loads to scalar LDS). A block computes 128 weight rows × BM
+// bf16, float32 accumulation, fragments loaded with ldmatrix; PTX rather
+// than WMMA so that the fragment layout is known and the epilogue can use
+// it). A block computes 128 weight rows × BM
 // tokens (BM = 128 for gemm_<fmt>, 64 for gemm_<fmt>_t64) with 256 threads
 // = 8 warps in a 2 (tokens) × 4 (weight rows) grid, each warp BM/2 × 32 as
 // (BM/32) × 4 tiles of 16 tokens × 8 weight rows.
