@@ -670,7 +670,8 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// activations, exact int8 weights, f32 accumulation: within the
 		// formats' own error). Float weights keep the exact f32 matvec.
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
-		st.launch("gemm_"+f, driver.D2((m.rows+63)/64, (rows+63)/64), driver.D1(128), 0)
+		name, grid, block := kern.GemmKernel(f, m.rows, rows)
+		st.launch(name, grid, block, 0)
 		return
 	}
 	if m.dt == quant.Q8Row || m.dt == quant.Q82F || m.dt == quant.Q4TP {

@@ -106,3 +106,103 @@ func BenchmarkGPUMatvec(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkGPUGemm times the prefill GEMM on the 8B shapes (up/gate
+// 14336×4096, o 4096×4096) at T = 512 with CUDA events, 10 launches per
+// sample, both tiles (t128: gemm_<fmt>, t64: gemm_<fmt>_t64; kern.GemmKernel
+// picks one by block count). TFLOP/s counts 2·rows·cols·T per launch; the
+// bar of issue 9 (pp512 ≥ 5,000 tok/s on the 8B q4tp model) needs about
+// 80 or more.
+func BenchmarkGPUGemm(b *testing.B) {
+	d, err := driver.Open(0)
+	if errors.Is(err, driver.ErrNoDevice) {
+		b.Skipf("no GPU: %v", err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	var m *kern.Module
+	if err := d.Do(func(c *driver.Ctx) error {
+		var err error
+		m, err = loadForTest(c, d)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	const T, launches = 512, 10
+	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		for _, sh := range [][2]int{{14336, 4096}, {4096, 4096}} {
+			rows, cols := sh[0], sh[1]
+			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+			for _, bm := range []int{128, 64} {
+				name := "gemm_" + kernName[dt]
+				if bm == 64 {
+					name += "_t64"
+				}
+				pick, _, _ := kern.GemmKernel(kernName[dt], rows, T)
+				b.Run(fmt.Sprintf("%s/%dx%d/T%d/t%d", dt, rows, cols, T, bm), func(b *testing.B) {
+					var w, x, y driver.DevicePtr
+					var e0, e1 driver.Event
+					var a driver.Args
+					cfg := driver.Config{Grid: driver.D2((rows+127)/128, (T+bm-1)/bm), Block: driver.D1(256)}
+					err := d.Do(func(c *driver.Ctx) error {
+						var err error
+						if w, err = c.Alloc(nb); err != nil {
+							return err
+						}
+						c.MemsetD8(w, 0x11, nb) // finite weights in every format
+						x, _ = c.Alloc(4 * int64(T*cols))
+						y, _ = c.Alloc(4 * int64(T*rows))
+						c.MemsetD32(x, 0x3c000000, int64(T*cols))
+						e0, _ = c.NewEvent(0)
+						e1, _ = c.NewEvent(0)
+						a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Int(T).Ptr(0).Int(0)
+						return m.Launch(c, name, cfg, &a) // warm-up
+					})
+					defer d.Do(func(c *driver.Ctx) error {
+						c.DestroyEvent(e0)
+						c.DestroyEvent(e1)
+						c.Free(w)
+						c.Free(x)
+						return c.Free(y)
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					var ms float32
+					for b.Loop() {
+						err := d.Do(func(c *driver.Ctx) error {
+							c.Record(e0, 0)
+							for range launches {
+								if err := m.Launch(c, name, cfg, &a); err != nil {
+									return err
+								}
+							}
+							c.Record(e1, 0)
+							if err := c.EventSync(e1); err != nil {
+								return err
+							}
+							t, err := c.Elapsed(e0, e1)
+							ms += t
+							return err
+						})
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					flops := 2 * float64(rows) * float64(cols) * T
+					sec := float64(ms) / 1e3
+					b.SetBytes(nb * launches)
+					b.ReportMetric(flops*launches*float64(b.N)/sec/1e12, "TFLOP/s")
+					b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/launch")
+					if pick == name {
+						b.ReportMetric(1, "picked")
+					} else {
+						b.ReportMetric(0, "picked")
+					}
+				})
+			}
+		}
+	}
+}

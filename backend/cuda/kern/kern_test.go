@@ -135,6 +135,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 			continue
 		}
 		want["gemm_"+f] = []int{8, 4, 4, 8, 4, 8, 4, 4, 8, 4}
+		want["gemm_"+f+"_t64"] = want["gemm_"+f]
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
 			if f == "q8row" || f == "q4tp" {

@@ -257,7 +257,26 @@ func gemmCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy,
 		return nil, fmt.Errorf("kern: gemm %s %d×%d with %d rows", d, rows, cols, T)
 	}
 	a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(T).Ptr(bias).Int(b2i(accumulate))
-	return one("gemm_"+fam, driver.D2((rows+63)/64, (T+63)/64), driver.D1(128), 0, a), nil
+	name, grid, block := GemmKernel(fam, rows, T)
+	return one(name, grid, block, 0, a), nil
+}
+
+// GemmBlocksMin is the block count under which GemmKernel takes the
+// 64-token tile: two blocks for each of the H200's 132 SMs, roughly.
+const GemmBlocksMin = 256
+
+// GemmKernel names the prefill GEMM kernel of family fam (f32, f16, bf16,
+// q8row, q4tp) for rows weight rows and T activation rows, with its launch
+// shape (gemm.cu): blocks of 128 weight rows × 128 tokens (gemm_<fam>)
+// when that makes at least GemmBlocksMin blocks, else of 128 × 64
+// (gemm_<fam>_t64: short prefills, narrow outputs); 256 threads, no
+// dynamic shared memory.
+func GemmKernel(fam string, rows, T int) (name string, grid, block driver.Dim3) {
+	gx := (rows + 127) / 128
+	if gx*((T+127)/128) >= GemmBlocksMin {
+		return "gemm_" + fam, driver.D2(gx, (T+127)/128), driver.D1(256)
+	}
+	return "gemm_" + fam + "_t64", driver.D2(gx, (T+63)/64), driver.D1(256)
 }
 
 // Gemm queues the prefill product Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]

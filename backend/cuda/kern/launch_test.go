@@ -30,7 +30,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		for R := 1; R <= 17; R++ {
 			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true, 0))
 		}
-		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))
+		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))    // 64-token tile
+		add(gemmCalls(d, 0x1000, 14336, 4096, 0x2000, 4096, 0x3000, 14336, 512, 0, false)) // 128-token tile
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
 	}
 	add(prescaleCalls(0x1000, 64, 256, 0x2000, 256, 0x3000, 256, 4), nil)
@@ -133,5 +134,32 @@ func TestMQCalls(t *testing.T) {
 	}
 	if _, err := m.Calls(quant.F16, 1, 132); err == nil {
 		t.Error("an MQ over f16 accepted")
+	}
+}
+
+// GemmKernel's tiles cover every weight row and token, and it takes the
+// 128-token tile exactly when that makes GemmBlocksMin blocks or more.
+func TestGemmKernelTiles(t *testing.T) {
+	for _, c := range []struct {
+		rows, T int
+		name    string
+	}{
+		{64, 1, "gemm_q4tp_t64"}, {130, 100, "gemm_q4tp_t64"}, {4096, 512, "gemm_q4tp_t64"},
+		{14336, 512, "gemm_q4tp"}, {8192, 512, "gemm_q4tp"}, {4096, 1024, "gemm_q4tp"}, {128, 32768, "gemm_q4tp"},
+	} {
+		name, grid, block := GemmKernel("q4tp", c.rows, c.T)
+		bm := 128
+		if strings.HasSuffix(name, "_t64") {
+			bm = 64
+		}
+		if name != c.name || block.X != 256 || block.Y != 1 || grid.Z != 1 {
+			t.Errorf("%d×T%d: %s block %v, want %s, 256", c.rows, c.T, name, block, c.name)
+		}
+		if int(grid.X)*128 < c.rows || int(grid.X-1)*128 >= c.rows || int(grid.Y)*bm < c.T || int(grid.Y-1)*bm >= c.T {
+			t.Errorf("%d×T%d: grid %v does not tile 128×%d blocks", c.rows, c.T, grid, bm)
+		}
+		if big := int((c.rows+127)/128) * ((c.T + 127) / 128); (bm == 128) != (big >= GemmBlocksMin) {
+			t.Errorf("%d×T%d: %d blocks of 128 tokens, took %s", c.rows, c.T, big, name)
+		}
 	}
 }
