@@ -33,7 +33,7 @@ func BenchmarkGPUMatvec(b *testing.B) {
 	}
 	const launches = 20
 	// The 8B shapes: up/gate, down, k/v projections.
-	for _, sh := range [][2]int{{14336, 4096}, {4096, 14336}, {1024, 4096}} {
+	for _, sh := range [][2]int{{14336, 4096}, {4096, 14336}, {1024, 4096}, {28672, 4096}, {128256, 4096}} {
 		rows, cols := sh[0], sh[1]
 		for _, dt := range []quant.DType{quant.F16, quant.BF16, quant.Q8Row, quant.Q4TP} {
 			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
@@ -63,7 +63,11 @@ func BenchmarkGPUMatvec(b *testing.B) {
 						c.MemsetD32(x, 0x3c000000, int64(R*cols))
 						e0, _ = c.NewEvent(0)
 						e1, _ = c.NewEvent(0)
+						if dt == quant.Q8Row || dt == quant.Q4TP {
+						kern.MQ{W: [3]driver.DevicePtr{w}, Rows: [3]int{rows}, Cols: cols, X: x, Ldx: cols, Y: y, Ldy: rows}.Pack(&a, 0)
+					} else {
 						a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
+					}
 						return m.Launch(c, name, cfg, &a) // warm-up
 					})
 					defer d.Do(func(c *driver.Ctx) error {

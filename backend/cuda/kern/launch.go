@@ -146,7 +146,7 @@ func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config,
 // MatvecShared is the dynamic shared memory of a quantized-activation
 // matvec: per activation row, ⌈cols/32⌉ blocks of 32 int8 quants and a
 // (scale, Σq) pair.
-func MatvecShared(cols, R int) int { return R * (cols + 31) / 32 * 40 }
+func MatvecShared(cols, R int) int { return R * ((cols+31)/32*40 + 128) }
 
 // MatvecRowsPerLaunch is the most activation rows one launch takes: 8, or
 // fewer where their quantized copies would not fit in shared memory.

@@ -169,11 +169,11 @@ __device__ __forceinline__ void mv_plain(const uint8_t* __restrict__ W, int rows
 // b0, b1, b2, accumulate, nw, eps, pro); unused tensors have 0 rows.
 // Launch: block 256 (8 warps), grid min(⌈rows/8⌉, 2·SMs) (rows =
 // rows0+rows1+rows2 in a grid-stride loop), dynamic shared memory R·nb·40
-// bytes (nb = ⌈cols/32⌉): the quants at [r][half][b][16] (the first and
-// second 16 of each block in two planes, so the lanes' 16-byte reads are
-// conflict-free), then (d, Σq) pairs at [r][b].
+// bytes + 128 a row (nb = ⌈cols/32⌉): the quants at [r][half][b][16] (the
+// first and second 16 of each block in two planes of nb·16 + 64 bytes, so
+// the lanes' 16-byte reads are conflict-free), then (d, Σq) pairs at [r][b].
 #define MQ_WARPS 8
-#define MQ_GB 4  // q4tp groups a lane loads per batch (q8_row: MQ_GB/2 blocks of two 16-byte chunks)
+#define MQ_GB 4  // 16-byte chunks a lane loads per batch (q4tp: a group each; q8_row: half a block each)
 #define MQ_PLAIN 0
 #define MQ_NORM 1
 #define MQ_NORM1 2
@@ -187,15 +187,18 @@ __device__ __forceinline__ int mq_pos(int i, bool perm) {
 }
 
 // mq_quant4 quantizes four consecutive values v of block b (element e0..e0+3
-// of it) held by 8 neighbouring lanes (a block of 32 is 8 lanes × 4).
+// of it) held by 8 neighbouring lanes (a block of 32 is 8 lanes × 4). Every
+// lane of the warp calls it (the shuffles are warp-wide); store is uniform
+// over each 8 lanes.
 template <bool PERM>
-__device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0, int nb, int8_t* xq, int2* xds) {
+__device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0, int nb, int ps, int8_t* xq, int2* xds, bool store) {
   float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
   bool nan = v[0] != v[0] || v[1] != v[1] || v[2] != v[2] || v[3] != v[3];
 #pragma unroll
   for (int o = 4; o > 0; o >>= 1) {
     am = fmaxf(am, __shfl_xor_sync(FULL_MASK, am, o));
-    nan = nan || __shfl_xor_sync(FULL_MASK, (int)nan, o);
+    const int other = __shfl_xor_sync(FULL_MASK, (int)nan, o);
+    nan = nan || other;
   }
   int q[4] = {0, 0, 0, 0};
   float d = 0.0f;
@@ -208,10 +211,11 @@ __device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0
   int s = q[0] + q[1] + q[2] + q[3];
 #pragma unroll
   for (int o = 4; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+  if (!store) return;
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     const int p = mq_pos(e0 + j, PERM);
-    xq[((size_t)(r * 2 + (p >> 4)) * nb + b) * 16 + (p & 15)] = (int8_t)q[j];
+    xq[(size_t)(r * 2 + (p >> 4)) * ps + (size_t)b * 16 + (p & 15)] = (int8_t)q[j];
   }
   if (e0 == 0) xds[r * nb + b] = make_int2(__float_as_int(d), s);
 }
@@ -219,7 +223,7 @@ __device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0
 // mq_prologue fills xq/xds with the quantized x' of R rows (see above).
 // Every thread of the block takes part; it ends with __syncthreads.
 template <int R, bool PERM>
-__device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx, int xoff, int cols, int nb, int pro,
+__device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx, int xoff, int cols, int nb, int ps, int pro,
                                             const float* __restrict__ nw, float eps, int8_t* xq, int2* xds) {
   __shared__ double red[32];
   __shared__ float inv[8];
@@ -242,11 +246,13 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
   // neighbouring lanes (nb·8 quads a row, a multiple of 8).
   const int nq = R * nb * 8;
   const bool vec = aligned16(x) && ldx % 4 == 0 && xoff % 4 == 0 && (!norm || aligned16(nw));
-  for (int q0 = tid; q0 < nq + MQ_WARPS * 32 * 3; q0 += MQ_WARPS * 32 * 4) {
+  // The loop is uniform over the block (every lane reaches every shuffle);
+  // quads past nq compute zeros and store nothing.
+  for (int base = 0; base < nq; base += MQ_WARPS * 32 * 4) {
     float v[4][4];
 #pragma unroll
     for (int u = 0; u < 4; u++) {  // four quads' loads in flight
-      const int qd = q0 + u * MQ_WARPS * 32;
+      const int qd = base + u * MQ_WARPS * 32 + tid;
       const int r = qd / (nb * 8), i = 4 * (qd - r * nb * 8);
       const float* xr = x + (size_t)r * ldx;
 #pragma unroll
@@ -279,11 +285,9 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
     }
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-      const int qd = q0 + u * MQ_WARPS * 32;
-      // Whole groups of 8 lanes are in or out together (nq is a multiple of 8).
-      if (qd - (threadIdx.x & 7) >= nq) continue;
+      const int qd = base + u * MQ_WARPS * 32 + tid;
       const int r = qd / (nb * 8), k = qd - r * nb * 8;
-      mq_quant4<PERM>(v[u], r, k >> 3, 4 * (k & 7), nb, xq, xds);
+      mq_quant4<PERM>(v[u], r, k >> 3, 4 * (k & 7), nb, ps, xq, xds, qd < nq);
     }
   }
   __syncthreads();
@@ -316,62 +320,78 @@ __device__ __forceinline__ void mq_store(float* y, float v, const float* bias, i
   *y = v;
 }
 
+// The quants' plane stride in bytes: nb·16 plus 64 so the two planes of a
+// block start 16 banks apart (a warp's lanes read both without conflicts).
+__device__ __forceinline__ int mq_plane(int nb) { return nb * 16 + 64; }
+
+// A batch of one weight row's loads: MQ_GB 16-byte chunks a lane (q4tp: a
+// group each, with its code; q8_row: a half block each), the row's
+// ladder parameters or scale, and where it is (stacked row v, batch bt).
+struct MQBatch {
+  uint4 w[MQ_GB];
+  int code[MQ_GB];
+  uint32_t ab;
+  int v, bt;
+};
+
+__device__ __forceinline__ void mq_next(const MQBatch& a, MQBatch& b, int nbat, int rstep) {
+  b.v = a.v, b.bt = a.bt + 1, b.ab = a.ab;
+  if (b.bt == nbat) b.bt = 0, b.v = a.v + rstep;
+}
+
 template <int R>
 __device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gpr = cols / 32, N = rows0 + rows1 + rows2;
+  const int gpr = cols / 32, N = rows0 + rows1 + rows2, ps = mq_plane(gpr);
   int8_t* xq = (int8_t*)mq_smem;
-  int2* xds = (int2*)(mq_smem + (size_t)R * gpr * 32);
+  int2* xds = (int2*)(mq_smem + (size_t)R * 2 * ps);
   pdl_trigger();
   const int stride = (5 * gpr + 7) / 8;
   const int rstep = gridDim.x * MQ_WARPS;
   const int nbat = (gpr + 32 * MQ_GB - 1) / (32 * MQ_GB);
-  auto load = [&](int v, int bt, uint4* w, int* code, uint32_t& ab) {
-    const bool in = v < N;
-    const MQRow t = mq_row(in ? v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+  auto load = [&](MQBatch& b) {
+    const bool in = b.v < N;
+    const MQRow t = mq_row(in ? b.v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
     const size_t poff = (size_t)t.rows * gpr * 16, coff = poff + (size_t)t.rows * 4;
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
-      const int g = (bt * MQ_GB + j) * 32 + lane;
+      const int g = (b.bt * MQ_GB + j) * 32 + lane;
       const bool on = in && g < gpr;
-      w[j] = on ? __ldcs((const uint4*)(t.W + ((size_t)t.o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
-      code[j] = on ? q4tp_code(t.W + coff + (size_t)t.o * stride, g) : 0;
+      b.w[j] = on ? __ldcs((const uint4*)(t.W + ((size_t)t.o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
+      b.code[j] = on ? q4tp_code(t.W + coff + (size_t)t.o * stride, g) : 0;
     }
-    if (bt == 0 && in)
-      ab = (uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o) | ((uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o + 2) << 16);
+    if (b.bt == 0 && in)
+      b.ab = (uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o) | ((uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o + 2) << 16);
   };
-  int v = blockIdx.x * MQ_WARPS + warp, bt = 0;
-  uint4 cw[MQ_GB];
-  int cc[MQ_GB];
-  uint32_t cab = 0;
-  load(v, 0, cw, cc, cab);
+  // Three batches: the one computed and two in flight.
+  MQBatch c0, c1, c2;
+  c0.v = blockIdx.x * MQ_WARPS + warp, c0.bt = 0, c0.ab = 0;
+  load(c0);
+  mq_next(c0, c1, nbat, rstep);
+  load(c1);
   pdl_wait();
-  mq_prologue<R, true>(x, ldx, xoff, cols, gpr, pro, nw, eps, xq, xds);
+  mq_prologue<R, true>(x, ldx, xoff, cols, gpr, ps, pro, nw, eps, xq, xds);
   float lad = 0.0f, acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  while (v < N) {  // warp-uniform
-    int nv = v, nbt = bt + 1;
-    if (nbt == nbat) nbt = 0, nv = v + rstep;
-    uint4 nw4[MQ_GB];
-    int nc[MQ_GB];
-    uint32_t nab = cab;
-    load(nv, nbt, nw4, nc, nab);
-    if (bt == 0) lad = q4tp_rung((uint16_t)(cab & 0xffff), (uint16_t)(cab >> 16), lane);
+  while (c0.v < N) {  // warp-uniform
+    mq_next(c1, c2, nbat, rstep);
+    load(c2);
+    if (c0.bt == 0) lad = q4tp_rung((uint16_t)(c0.ab & 0xffff), (uint16_t)(c0.ab >> 16), lane);
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
-      const int g = (bt * MQ_GB + j) * 32 + lane;
-      const float sc = __shfl_sync(FULL_MASK, lad, cc[j]);
+      const int g = (c0.bt * MQ_GB + j) * 32 + lane;
+      const float sc = __shfl_sync(FULL_MASK, lad, c0.code[j]);
       if (g < gpr) {
-        const uint32_t wv[4] = {cw[j].x, cw[j].y, cw[j].z, cw[j].w};
+        const uint32_t wv[4] = {c0.w[j].x, c0.w[j].y, c0.w[j].z, c0.w[j].w};
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) lo[k] = wv[k] & 0x0F0F0F0Fu, hi[k] = (wv[k] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-          const int4 q0 = *(const int4*)(xq + ((size_t)(2 * r) * gpr + g) * 16);
-          const int4 q1 = *(const int4*)(xq + ((size_t)(2 * r + 1) * gpr + g) * 16);
+          const int4 q0 = *(const int4*)(xq + (size_t)(2 * r) * ps + (size_t)g * 16);
+          const int4 q1 = *(const int4*)(xq + (size_t)(2 * r + 1) * ps + (size_t)g * 16);
           const int2 ds = xds[r * gpr + g];
           int s = -8 * ds.y;
           s = __dp4a((int)lo[0], q0.x, s); s = __dp4a((int)hi[0], q0.y, s);
@@ -382,113 +402,100 @@ __device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
         }
       }
     }
-    if (nbt == 0) {
+    if (c0.bt == nbat - 1) {
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
       if (lane == 0) {
-        const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+        const MQRow t = mq_row(c0.v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
-        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + v, acc[r], t.bias, t.o, accumulate);
+        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + c0.v, acc[r], t.bias, t.o, accumulate);
       }
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = 0.0f;
     }
-    v = nv, bt = nbt, cab = nab;
-#pragma unroll
-    for (int j = 0; j < MQ_GB; j++) cw[j] = nw4[j], cc[j] = nc[j];
+    c0 = c1, c1 = c2;
   }
 }
 
-// q8_row: a lane per block of 32 quants (two 16-byte chunks), MQ_GB/2
-// blocks a batch. Rows that are not whole 16-byte chunks (or a tensor not
-// 16-byte aligned) read byte-wise.
+// q8_row: a lane per 16-byte chunk (half a block of 32 quants), MQ_GB
+// chunks a batch, consecutive lanes on consecutive chunks. Rows that are
+// not whole 16-byte chunks (or a tensor not 16-byte aligned) read
+// byte-wise.
 template <int R>
 __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
-  constexpr int NB = MQ_GB / 2;
   extern __shared__ __align__(16) uint8_t mq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nb = (cols + 31) / 32, N = rows0 + rows1 + rows2;
+  const int nb = (cols + 31) / 32, nch = (cols + 15) / 16, N = rows0 + rows1 + rows2, ps = mq_plane(nb);
   int8_t* xq = (int8_t*)mq_smem;
-  int2* xds = (int2*)(mq_smem + (size_t)R * nb * 32);
+  int2* xds = (int2*)(mq_smem + (size_t)R * 2 * ps);
   pdl_trigger();
   const bool vec = aligned16(W0) && (rows1 == 0 || aligned16(W1)) && (rows2 == 0 || aligned16(W2)) && cols % 16 == 0;
   const int rstep = gridDim.x * MQ_WARPS;
-  const int nbat = (nb + 32 * NB - 1) / (32 * NB);
-  auto load = [&](int v, int bt, uint4* w, uint32_t& sc) {
-    const bool in = v < N;
-    const MQRow t = mq_row(in ? v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+  const int nbat = (nch + 32 * MQ_GB - 1) / (32 * MQ_GB);
+  auto load = [&](MQBatch& b) {
+    const bool in = b.v < N;
+    const MQRow t = mq_row(in ? b.v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
-    for (int j = 0; j < NB; j++) {
-      const int b = (bt * NB + j) * 32 + lane;
-      const uint8_t* p = t.W + (size_t)t.o * cols + 32 * (size_t)b;
-      const bool on = vec && in && b < nb;
-      w[2 * j] = on ? __ldcs((const uint4*)p) : make_uint4(0, 0, 0, 0);
-      w[2 * j + 1] = (on && 32 * b + 16 < cols) ? __ldcs((const uint4*)(p + 16)) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < MQ_GB; j++) {
+      const int c = (b.bt * MQ_GB + j) * 32 + lane;
+      b.w[j] = (vec && in && c < nch) ? __ldcs((const uint4*)(t.W + (size_t)t.o * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
     }
-    if (bt == 0 && in) sc = ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
+    if (b.bt == 0 && in) b.ab = ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
   };
-  int v = blockIdx.x * MQ_WARPS + warp, bt = 0;
-  uint4 cw[2 * NB];
-  uint32_t csc = 0;
-  load(v, 0, cw, csc);
+  MQBatch c0, c1, c2;
+  c0.v = blockIdx.x * MQ_WARPS + warp, c0.bt = 0, c0.ab = 0;
+  load(c0);
+  mq_next(c0, c1, nbat, rstep);
+  load(c1);
   pdl_wait();
-  mq_prologue<R, false>(x, ldx, xoff, cols, nb, pro, nw, eps, xq, xds);
+  mq_prologue<R, false>(x, ldx, xoff, cols, nb, ps, pro, nw, eps, xq, xds);
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.0f;
-  while (v < N) {  // warp-uniform
-    int nv = v, nbt = bt + 1;
-    if (nbt == nbat) nbt = 0, nv = v + rstep;
-    uint4 nw4[2 * NB];
-    uint32_t nsc = csc;
-    load(nv, nbt, nw4, nsc);
+  while (c0.v < N) {  // warp-uniform
+    mq_next(c1, c2, nbat, rstep);
+    load(c2);
 #pragma unroll
-    for (int j = 0; j < NB; j++) {
-      const int b = (bt * NB + j) * 32 + lane;
-      if (b < nb) {
+    for (int j = 0; j < MQ_GB; j++) {
+      const int c = (c0.bt * MQ_GB + j) * 32 + lane;
+      if (c < nch) {
+        const int b = c >> 1, h = c & 1;
         if (vec) {
-          const uint4 w0 = cw[2 * j], w1 = cw[2 * j + 1];
+          const uint4 w = c0.w[j];
 #pragma unroll
           for (int r = 0; r < R; r++) {
-            const int4 q0 = *(const int4*)(xq + ((size_t)(2 * r) * nb + b) * 16);
-            const int4 q1 = *(const int4*)(xq + ((size_t)(2 * r + 1) * nb + b) * 16);
+            const int4 q = *(const int4*)(xq + (size_t)(2 * r + h) * ps + (size_t)b * 16);
             int s = 0;
-            s = __dp4a((int)w0.x, q0.x, s); s = __dp4a((int)w0.y, q0.y, s);
-            s = __dp4a((int)w0.z, q0.z, s); s = __dp4a((int)w0.w, q0.w, s);
-            s = __dp4a((int)w1.x, q1.x, s); s = __dp4a((int)w1.y, q1.y, s);
-            s = __dp4a((int)w1.z, q1.z, s); s = __dp4a((int)w1.w, q1.w, s);
+            s = __dp4a((int)w.x, q.x, s); s = __dp4a((int)w.y, q.y, s);
+            s = __dp4a((int)w.z, q.z, s); s = __dp4a((int)w.w, q.w, s);
             acc[r] += __int_as_float(xds[r * nb + b].x) * (float)s;
           }
         } else {
-          const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+          const MQRow t = mq_row(c0.v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
           const uint8_t* row = t.W + (size_t)t.o * cols;
 #pragma unroll
           for (int r = 0; r < R; r++) {
             int s = 0;
-            for (int i = 32 * b; i < min(cols, 32 * b + 32); i++) {
-              const int e = i - 32 * b;
-              s += (int)(int8_t)row[i] * (int)xq[((size_t)(2 * r + (e >> 4)) * nb + b) * 16 + (e & 15)];
-            }
+            for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
+              s += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * r + h) * ps + (size_t)b * 16 + (i & 15)];
             acc[r] += __int_as_float(xds[r * nb + b].x) * (float)s;
           }
         }
       }
     }
-    if (nbt == 0) {
-      const float rs = f16_to_f32((uint16_t)csc);
+    if (c0.bt == nbat - 1) {
+      const float rs = f16_to_f32((uint16_t)c0.ab);
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
       if (lane == 0) {
-        const MQRow t = mq_row(v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
+        const MQRow t = mq_row(c0.v, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
-        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + v, acc[r] * rs, t.bias, t.o, accumulate);
+        for (int r = 0; r < R; r++) mq_store(y + (size_t)r * ldy + c0.v, acc[r] * rs, t.bias, t.o, accumulate);
       }
 #pragma unroll
       for (int r = 0; r < R; r++) acc[r] = 0.0f;
     }
-    v = nv, bt = nbt, csc = nsc;
-#pragma unroll
-    for (int j = 0; j < 2 * NB; j++) cw[j] = nw4[j];
+    c0 = c1, c1 = c2;
   }
 }
 
