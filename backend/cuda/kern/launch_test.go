@@ -93,13 +93,13 @@ func TestMatvecSplitsRows(t *testing.T) {
 			t.Fatalf("launch %d shape %+v", i, c.cfg)
 		}
 	}
-	if _, cfg, _ := MatvecLaunch(quant.Q8Row, 128256, 4096, 1, 132); cfg.Grid.X != 264 || cfg.Shared != 128*40 {
-		t.Errorf("head matvec shape %+v: want grid 2·SMs, 5120 bytes shared", cfg)
+	if _, cfg, _ := MatvecLaunch(quant.Q8Row, 128256, 4096, 1, 132); cfg.Grid.X != 264 || cfg.Shared != 128*40+128 {
+		t.Errorf("head matvec shape %+v: want grid 2·SMs, 5248 bytes shared", cfg)
 	}
 	if _, cfg, _ := MatvecLaunch(quant.F16, 64, 256, 1, 132); cfg.Grid.X != 8 || cfg.Block.X != 128 || cfg.Shared != 0 {
 		t.Errorf("f16 matvec shape %+v", cfg)
 	}
-	// 28672 columns (a 70B down projection): 35840 bytes a row, so 5 rows a launch.
+	// 28672 columns (a 70B down projection): 35968 bytes a row, so 5 rows a launch.
 	cs, err = matvecCalls(quant.Q4TP, 0x1000, 64, 28672, 0x2000, 28672, 0x3000, 64, 8, 0, false, 0)
 	if err != nil || len(cs) != 2 || cs[0].name != "mv_q4tp_r5" || cs[1].name != "mv_q4tp_r3" {
 		t.Errorf("wide matvec split: %v %v", err, cs)
@@ -120,7 +120,7 @@ func TestMatvecSplitsRows(t *testing.T) {
 func TestMQCalls(t *testing.T) {
 	m := MQ{W: [3]Ptr{0x1000, 0x2000, 0x3000}, Rows: [3]int{4096, 1024, 1024}, Cols: 4096, X: 0x4000, Ldx: 4096, Y: 0x5000, Ldy: 6144, Norm: 0x6000, Pro: ProNorm}
 	cs, err := m.Calls(quant.Q4TP, 1, 132)
-	if err != nil || len(cs) != 1 || cs[0].name != "mv_q4tp_r1" || cs[0].cfg.Grid.X != 264 || cs[0].cfg.Shared != 128*40 {
+	if err != nil || len(cs) != 1 || cs[0].name != "mv_q4tp_r1" || cs[0].cfg.Grid.X != 264 || cs[0].cfg.Shared != 128*40+128 {
 		t.Fatalf("q|k|v launch: %v %+v", err, cs)
 	}
 	bad := []MQ{m, m, m}
