@@ -47,6 +47,10 @@ type Options struct {
 	// shape whose launches (kernels, shapes, argument bytes), packed on
 	// the host first, equal the recording's.
 	Graphs bool
+	// PDL launches every kernel with programmatic dependent launch: a
+	// kernel starts while the one before it finishes (the kernels load
+	// weights before griddepcontrol.wait and read their inputs after it).
+	PDL bool
 	// NoFusion runs decode steps without the fused matvec prologues
 	// (separate rmsnorm and silu_mul launches): the parity tests compare
 	// both.

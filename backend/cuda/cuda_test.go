@@ -226,3 +226,37 @@ func TestGPUReadProbe(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUPDLEqualsPlain: programmatic dependent launch (every kernel
+// starting while its predecessor finishes, graphs recorded with it) gives
+// the logits of plain launches, bit for bit, for every case the device
+// runs: a kernel that read an input before griddepcontrol.wait would show
+// here as a difference.
+func TestGPUPDLEqualsPlain(t *testing.T) {
+	p := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, PDL: true})
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true})
+	ran := 0
+	for _, k := range backendtest.Cases() {
+		for name, s := range backendtest.Schedules() {
+			a, err := backendtest.Run(p, k, s, 2)
+			if errors.Is(err, backend.ErrUnsupported) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := backendtest.Run(g, k, s, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := backendtest.NMSE(a, b); n != 0 {
+				t.Errorf("%s/%s: PDL launches differ from plain ones (NMSE %.3g)", k.Name, name, n)
+			}
+			ran++
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no case ran")
+	}
+	t.Logf("%d case × schedule pairs compared", ran)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"time"
+	"unsafe"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -55,7 +56,7 @@ func (g gpuRunner) memInfo() (free, total int64, err error) { return g.c.MemInfo
 func (g gpuRunner) alloc(n int64) (driver.DevicePtr, error) { return g.c.Alloc(n) }
 func (g gpuRunner) free(p driver.DevicePtr) error           { return g.c.Free(p) }
 func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error {
-	cfg.Stream = g.d.strm
+	cfg.Stream, cfg.PDL = g.d.strm, g.d.opt.PDL
 	if cfg.Shared > 48<<10 && g.d.optin[name] < cfg.Shared {
 		// Dynamic shared memory beyond 48 KB needs the kernel's opt-in.
 		fn, err := g.d.mod.Func(name)
@@ -982,9 +983,9 @@ func (st *state) copyLogits() error {
 		if err := st.r.sync(); err != nil {
 			return err
 		}
-		for i := range k {
-			out[off+i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
-		}
+		// The device and the host are little-endian: the stage's bytes
+		// are the floats (one copy, not a decode per element).
+		copy(out[off:off+k], unsafe.Slice((*float32)(unsafe.Pointer(&sb[0])), k))
 	}
 	return nil
 }
