@@ -302,6 +302,13 @@ type Observable interface {
 	SetObserver(o Observer)
 }
 
+// PrefillSizer is a device with a preferred number of prompt positions a
+// prefill step processes together (a GPU's matrix products want hundreds;
+// the CPU's 64). model.Load uses it when no batch is asked for.
+type PrefillSizer interface {
+	PrefillRows() int
+}
+
 // Planner is a device that checks, before any weight is loaded, that a
 // model fits: weightBytes of weights, the state of its sequences (spec),
 // and step scratch for rows of at most widest floats. The error names the

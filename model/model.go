@@ -123,6 +123,9 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	}
 	if md.batch <= 0 {
 		md.batch = 64
+		if p, ok := opt.Device.(backend.PrefillSizer); ok && p.PrefillRows() > 0 {
+			md.batch = p.PrefillRows()
+		}
 	}
 	return md, nil
 }

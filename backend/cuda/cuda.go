@@ -169,6 +169,11 @@ func (d *Device) Close() error {
 	return err
 }
 
+// PrefillRows is the prefill chunk the device prefers
+// (backend.PrefillSizer): every row its step scratch holds, so a prompt
+// runs as few, wide matrix products.
+func (d *Device) PrefillRows() int { return d.opt.MaxRows }
+
 // MemoryPlan is what a model needs on the device.
 type MemoryPlan struct {
 	Weights, KV, Scratch, Free int64

@@ -47,7 +47,11 @@ func (f *modelFlags) open(cmd *cobra.Command, path string) (*engine.Engine, erro
 		return nil, fmt.Errorf("--ctx must be ≥ 1 and --threads, --batch ≥ 0")
 	}
 	threads := clampThreads("--threads", f.threads, cmd.ErrOrStderr())
-	dev, err := openDevice(f.device, threads, deviceSize{seqs: 1, ctx: f.ctx, rows: max(f.batch, 64)})
+	rows := f.batch
+	if rows <= 0 {
+		rows = 512 // a GPU's prefill chunk (the CPU takes its own 64)
+	}
+	dev, err := openDevice(f.device, threads, deviceSize{seqs: 1, ctx: f.ctx, rows: rows})
 	if err != nil {
 		return nil, err
 	}

@@ -140,7 +140,10 @@ func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config,
 	if shared > mqSharedBudget {
 		return "", driver.Config{}, fmt.Errorf("kern: matvec %s with %d columns needs %d bytes of shared memory for %d rows (at most %d)", d, cols, shared, R, mqSharedBudget)
 	}
-	return name, driver.Config{Grid: driver.D1(min((rows+7)/8, 2*sms)), Block: driver.D1(256), Shared: shared}, nil
+	// One block of 16 warps a multiprocessor: each block quantizes its
+	// activations once, so fewer, wider blocks repeat that work less (the
+	// SwiGLU prologue of a down projection reads 2·cols floats a row).
+	return name, driver.Config{Grid: driver.D1(min((rows+15)/16, sms)), Block: driver.D1(512), Shared: shared}, nil
 }
 
 // MatvecShared is the dynamic shared memory of a quantized-activation

@@ -87,14 +87,14 @@ func TestMatvecSplitsRows(t *testing.T) {
 		if c.name != wantNames[i] || x != 0x2000+uint64(4*8*i*260) || y != 0x3000+uint64(4*8*i*70) {
 			t.Fatalf("launch %d: %s x %#x y %#x", i, c.name, x, y)
 		}
-		// The quantized-activation kernels: block 256, grid ⌈rows/8⌉ up to
-		// 2·SMs, shared memory for the rows' int8 copies.
-		if c.cfg.Grid.X != 8 || c.cfg.Block.X != 256 || c.cfg.Shared != MatvecShared(256, []int{8, 8, 3}[i]) {
+		// The quantized-activation kernels: block 512, grid ⌈rows/16⌉ up to
+		// SMs, shared memory for the rows' int8 copies.
+		if c.cfg.Grid.X != 4 || c.cfg.Block.X != 512 || c.cfg.Shared != MatvecShared(256, []int{8, 8, 3}[i]) {
 			t.Fatalf("launch %d shape %+v", i, c.cfg)
 		}
 	}
-	if _, cfg, _ := MatvecLaunch(quant.Q8Row, 128256, 4096, 1, 132); cfg.Grid.X != 264 || cfg.Shared != 128*40+128 {
-		t.Errorf("head matvec shape %+v: want grid 2·SMs, 5248 bytes shared", cfg)
+	if _, cfg, _ := MatvecLaunch(quant.Q8Row, 128256, 4096, 1, 132); cfg.Grid.X != 132 || cfg.Shared != 128*40+128 {
+		t.Errorf("head matvec shape %+v: want grid SMs, 5248 bytes shared", cfg)
 	}
 	if _, cfg, _ := MatvecLaunch(quant.F16, 64, 256, 1, 132); cfg.Grid.X != 8 || cfg.Block.X != 128 || cfg.Shared != 0 {
 		t.Errorf("f16 matvec shape %+v", cfg)
@@ -120,7 +120,7 @@ func TestMatvecSplitsRows(t *testing.T) {
 func TestMQCalls(t *testing.T) {
 	m := MQ{W: [3]Ptr{0x1000, 0x2000, 0x3000}, Rows: [3]int{4096, 1024, 1024}, Cols: 4096, X: 0x4000, Ldx: 4096, Y: 0x5000, Ldy: 6144, Norm: 0x6000, Pro: ProNorm}
 	cs, err := m.Calls(quant.Q4TP, 1, 132)
-	if err != nil || len(cs) != 1 || cs[0].name != "mv_q4tp_r1" || cs[0].cfg.Grid.X != 264 || cs[0].cfg.Shared != 128*40+128 {
+	if err != nil || len(cs) != 1 || cs[0].name != "mv_q4tp_r1" || cs[0].cfg.Grid.X != 132 || cs[0].cfg.Shared != 128*40+128 {
 		t.Fatalf("q|k|v launch: %v %+v", err, cs)
 	}
 	bad := []MQ{m, m, m}

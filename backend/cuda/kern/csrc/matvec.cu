@@ -167,12 +167,12 @@ __device__ __forceinline__ void mv_plain(const uint8_t* __restrict__ W, int rows
 //
 // Parameters: (W0, W1, W2, rows0, rows1, rows2, cols, x, ldx, xoff, y, ldy,
 // b0, b1, b2, accumulate, nw, eps, pro); unused tensors have 0 rows.
-// Launch: block 256 (8 warps), grid min(⌈rows/8⌉, 2·SMs) (rows =
+// Launch: block 512 (16 warps), grid min(⌈rows/16⌉, SMs) (rows =
 // rows0+rows1+rows2 in a grid-stride loop), dynamic shared memory R·nb·40
 // bytes + 128 a row (nb = ⌈cols/32⌉): the quants at [r][half][b][16] (the
 // first and second 16 of each block in two planes of nb·16 + 64 bytes, so
 // the lanes' 16-byte reads are conflict-free), then (d, Σq) pairs at [r][b].
-#define MQ_WARPS 8
+#define MQ_WARPS 16  // warps a block (block 512)
 #define MQ_GB 4  // 16-byte chunks a lane loads per batch (q4tp: a group each; q8_row: half a block each)
 #define MQ_PLAIN 0
 #define MQ_NORM 1
@@ -500,8 +500,8 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
 }
 
 #define MQ_KERNELS(R)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(256) mv_q8row_r##R(MQ_PARAMS) { mq_q8row<R>(MQ_ARGS); }     \
-  extern "C" __global__ void __launch_bounds__(256) mv_q4tp_r##R(MQ_PARAMS) { mq_q4tp<R>(MQ_ARGS); }
+  extern "C" __global__ void __launch_bounds__(512) mv_q8row_r##R(MQ_PARAMS) { mq_q8row<R>(MQ_ARGS); }     \
+  extern "C" __global__ void __launch_bounds__(512) mv_q4tp_r##R(MQ_PARAMS) { mq_q4tp<R>(MQ_ARGS); }
 
 MQ_KERNELS(1)
 MQ_KERNELS(2)
