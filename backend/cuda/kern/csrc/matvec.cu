@@ -329,7 +329,8 @@ __device__ __forceinline__ int mq_plane(int nb) { return nb * 16 + 64; }
 // ladder parameters or scale, and where it is (stacked row v, batch bt).
 struct MQBatch {
   uint4 w[MQ_GB];
-  int code[MQ_GB];
+  int code[MQ_GB];  // q4tp rows whose code stride is not a multiple of 4: each lane's codes
+  uint32_t cw;      // else word lane of the batch's 640 code bits (lanes 0..19)
   uint32_t ab;
   int v, bt;
 };
@@ -350,19 +351,31 @@ __device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
   const int stride = (5 * gpr + 7) / 8;
   const int rstep = gridDim.x * MQ_WARPS;
   const int nbat = (gpr + 32 * MQ_GB - 1) / (32 * MQ_GB);
+  // A batch's 128 groups have 640 code bits, 20 words of the row's codes:
+  // with a code stride of whole words lane l < 20 loads word l and the
+  // lanes take their groups' codes by shuffles (one load, not a byte or
+  // two per group); the ladder parameters are one 32-bit load.
+  const bool cvec = stride % 4 == 0;
   auto load = [&](MQBatch& b) {
     const bool in = b.v < N;
     const MQRow t = mq_row(in ? b.v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
     const size_t poff = (size_t)t.rows * gpr * 16, coff = poff + (size_t)t.rows * 4;
+    const uint8_t* crow = t.W + coff + (size_t)t.o * stride;
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
       const int g = (b.bt * MQ_GB + j) * 32 + lane;
       const bool on = in && g < gpr;
       b.w[j] = on ? __ldcs((const uint4*)(t.W + ((size_t)t.o * gpr + g) * 16)) : make_uint4(0, 0, 0, 0);
-      b.code[j] = on ? q4tp_code(t.W + coff + (size_t)t.o * stride, g) : 0;
+      b.code[j] = (on && !cvec) ? q4tp_code(crow, g) : 0;
     }
-    if (b.bt == 0 && in)
-      b.ab = (uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o) | ((uint32_t)ld_u16(t.W + poff + 4 * (size_t)t.o + 2) << 16);
+    b.cw = 0;
+    if (cvec && in && lane < 20) {
+      const int off = b.bt * 80 + 4 * lane;
+      if (off + 4 <= stride) b.cw = *(const uint32_t*)(crow + off);
+      else
+        for (int k = 0; off + k < stride && k < 4; k++) b.cw |= (uint32_t)crow[off + k] << (8 * k);
+    }
+    if (b.bt == 0 && in) b.ab = *(const uint32_t*)(t.W + poff + 4 * (size_t)t.o);
   };
   // Three batches: the one computed and two in flight.
   MQBatch c0, c1, c2;
@@ -382,7 +395,13 @@ __device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
 #pragma unroll
     for (int j = 0; j < MQ_GB; j++) {
       const int g = (c0.bt * MQ_GB + j) * 32 + lane;
-      const float sc = __shfl_sync(FULL_MASK, lad, c0.code[j]);
+      int code = c0.code[j];
+      if (cvec) {
+        const int bit = 5 * (j * 32 + lane);
+        const uint32_t lo = __shfl_sync(FULL_MASK, c0.cw, bit >> 5), hi = __shfl_sync(FULL_MASK, c0.cw, (bit >> 5) + 1);
+        code = (int)(__funnelshift_r(lo, hi, bit & 31) & 31u);
+      }
+      const float sc = __shfl_sync(FULL_MASK, lad, code);
       if (g < gpr) {
         const uint32_t wv[4] = {c0.w[j].x, c0.w[j].y, c0.w[j].z, c0.w[j].w};
         uint32_t lo[4], hi[4];
@@ -440,7 +459,8 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
       const int c = (b.bt * MQ_GB + j) * 32 + lane;
       b.w[j] = (vec && in && c < nch) ? __ldcs((const uint4*)(t.W + (size_t)t.o * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
     }
-    if (b.bt == 0 && in) b.ab = ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
+    if (b.bt == 0 && in)
+      b.ab = vec ? *(const uint16_t*)(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o) : ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
   };
   MQBatch c0, c1, c2;
   c0.v = blockIdx.x * MQ_WARPS + warp, c0.bt = 0, c0.ab = 0;
