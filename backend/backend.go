@@ -175,6 +175,16 @@ type Batch struct {
 	RopeLen []int
 	Logits  Logits
 	Out     []float32 // receives the logits; len ≥ rows wanted × vocab
+	// Next, when set (LastLogits only, one entry per sequence), asks a
+	// device that implements Argmaxer for each sequence's greedy next token
+	// (argmax of its last row's logits, ties to the lowest id) instead of
+	// the logits: only the ids leave the device, and Out is not written.
+	Next []int32
+}
+
+// Argmaxer is a device that can pick greedy tokens itself (Batch.Next).
+type Argmaxer interface {
+	Argmaxes() bool
 }
 
 // Rows returns the number of rows (tokens) of the step.

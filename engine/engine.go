@@ -320,12 +320,17 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 	}
 	t1 := time.Now()
 	defer func() { res.DecodeTime = time.Since(t1); res.Text = string(text) }()
+	// Plain greedy decoding: after the prompt's logits, the model picks
+	// each next token itself (on a GPU only the id crosses PCIe).
+	greedy, next := opt.Sample.PlainGreedy(), -1
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		r, err := sm.Sample(logits)
-		if err != nil {
+		var r sample.Result
+		if next >= 0 {
+			r.Token = int32(next)
+		} else if r, err = sm.Sample(logits); err != nil {
 			return res, fmt.Errorf("engine: sampling at position %d: %w", s.cache.Len(), err)
 		}
 		sm.Accept(r.Token)
@@ -362,7 +367,11 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 			break
 		}
 		pos := s.cache.Len()
-		logits, err = s.e.Model.Forward(s.cache, []int{tok}, pos, model.LastLogits)
+		if greedy {
+			next, err = s.e.Model.ForwardGreedy(s.cache, []int{tok}, pos)
+		} else {
+			logits, err = s.e.Model.Forward(s.cache, []int{tok}, pos, model.LastLogits)
+		}
 		if err != nil {
 			return res, err
 		}

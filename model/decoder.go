@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"github.com/cortiq/cortiq/sample"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
@@ -176,6 +177,33 @@ func (m *Model) SetObserver(o Observer) error {
 // AllLogits returns a new [len(tokens)×vocab] slice. A prompt that does
 // not fit the cache's context is an error, never truncated.
 func (m *Model) Forward(c *Cache, tokens []int, pos int, want Logits) ([]float32, error) {
+	return m.forward(c, tokens, pos, want, nil)
+}
+
+// ForwardGreedy is Forward of tokens followed by greedy selection of the
+// next token (argmax of the last logits, ties to the lowest id, as
+// sample.Greedy). On a device that picks it itself (backend.Argmaxer)
+// only the id leaves the device; elsewhere the logits are reduced here.
+func (m *Model) ForwardGreedy(c *Cache, tokens []int, pos int) (int, error) {
+	if a, ok := m.dev.(backend.Argmaxer); ok && a.Argmaxes() {
+		var next [1]int32
+		if _, err := m.forward(c, tokens, pos, LastLogits, next[:]); err != nil {
+			return 0, err
+		}
+		return int(next[0]), nil
+	}
+	logits, err := m.Forward(c, tokens, pos, LastLogits)
+	if err != nil {
+		return 0, err
+	}
+	id, err := sample.Greedy(logits)
+	if err != nil {
+		return 0, fmt.Errorf("model: %w", err)
+	}
+	return int(id), nil
+}
+
+func (m *Model) forward(c *Cache, tokens []int, pos int, want Logits, next []int32) ([]float32, error) {
 	if c.m != m {
 		return nil, fmt.Errorf("model: the cache belongs to another model")
 	}
@@ -211,15 +239,20 @@ func (m *Model) Forward(c *Cache, tokens []int, pos int, want Logits) ([]float32
 		case want == LastLogits && s+T == len(tokens):
 			b.Logits, b.Out = backend.LastLogits, c.logits
 		}
+		b.Next = nil
+		if next != nil && b.Logits == backend.LastLogits {
+			b.Out, b.Next = nil, next
+		}
 		if err := m.dev.Run(b, m.step); err != nil {
 			return nil, fmt.Errorf("model: %w", err)
 		}
 	}
 	c.toks[0] = nil
-	switch want {
-	case AllLogits:
+	b.Next = nil
+	switch {
+	case want == AllLogits:
 		return all, nil
-	case LastLogits:
+	case want == LastLogits && next == nil:
 		return c.logits, nil
 	}
 	return nil, nil

@@ -743,3 +743,24 @@ func TestDefaultsValid(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// PlainGreedy: only temperature 0 with no penalty and no log-probabilities.
+func TestPlainGreedy(t *testing.T) {
+	for _, c := range []struct {
+		p    Params
+		want bool
+	}{
+		{Params{}, true},
+		{Params{RepeatPenalty: 1}, true},
+		{Params{Temperature: 0.7}, false},
+		{Params{RepeatPenalty: 1.1}, false},
+		{Params{PresencePenalty: 0.5}, false},
+		{Params{LogProbs: true}, false},
+		{Params{TopLogProbs: 2}, false},
+		{Params{TopK: 40}, true}, // greedy skips the later stages
+	} {
+		if got := c.p.PlainGreedy(); got != c.want {
+			t.Errorf("%+v: PlainGreedy %v, want %v", c.p, got, c.want)
+		}
+	}
+}

@@ -78,6 +78,13 @@ func (p Params) penalties() bool {
 
 func (p Params) topP() bool { return p.TopP > 0 && p.TopP < 1 }
 
+// PlainGreedy reports whether sampling with p is argmax of the raw logits
+// and nothing else (temperature 0, no penalty, no log-probabilities): a
+// device may then pick the token itself (model.ForwardGreedy).
+func (p Params) PlainGreedy() bool {
+	return p.Temperature == 0 && !p.penalties() && !p.LogProbs && p.TopLogProbs == 0
+}
+
 // TokenLogProb is a token with its log-probability.
 type TokenLogProb struct {
 	Token   int32

@@ -11,6 +11,7 @@ package backendtest
 import (
 	"errors"
 	"fmt"
+	"github.com/cortiq/cortiq/sample"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -377,4 +378,92 @@ func Serial(sched []Step) []Step {
 		}
 	}
 	return out
+}
+
+// RunLast runs sched like Run but asks for each sequence's last logits
+// (LastLogits), or, with greedy, for its greedy next token on the device
+// (Batch.Next; the device must be a backend.Argmaxer). It returns the
+// logits of every step's sequences in order, or their ids.
+func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool) ([]float32, []int32, error) {
+	n, err := build(dev, c, seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	seqs := map[int]backend.Seq{}
+	defer func() {
+		for _, s := range seqs {
+			backend.Release(dev, s)
+		}
+	}()
+	tok := rand.New(rand.NewPCG(seed, 3))
+	var out []float32
+	var ids []int32
+	for si, st := range sched {
+		b := &backend.Batch{Logits: backend.LastLogits}
+		for _, e := range st {
+			s, ok := seqs[e.Seq]
+			if !ok {
+				if s, err = dev.NewSeq(n.spec, 128); err != nil {
+					return nil, nil, err
+				}
+				seqs[e.Seq] = s
+			}
+			toks := make([]int, e.Tokens)
+			for i := range toks {
+				toks[i] = tok.IntN(c.Vocab)
+			}
+			b.Seqs, b.Tokens = append(b.Seqs, s), append(b.Tokens, toks)
+		}
+		if greedy {
+			b.Next = make([]int32, len(b.Seqs))
+		} else {
+			b.Out = make([]float32, len(b.Seqs)*c.Vocab)
+		}
+		if err := dev.Run(b, n.step); err != nil {
+			return nil, nil, fmt.Errorf("%s step %d: %w", c.Name, si, err)
+		}
+		out, ids = append(out, b.Out...), append(ids, b.Next...)
+	}
+	return out, ids, nil
+}
+
+// CheckGreedy runs every case and schedule twice on fresh devices from
+// open: once for the last logits, once for the device's greedy ids
+// (Batch.Next), and fails unless each id is the argmax of its logits
+// (sample.Greedy: ties to the lowest id). Cases a device does not
+// implement are skipped; it fails when none ran.
+func CheckGreedy(t *testing.T, open func() backend.Device) {
+	t.Helper()
+	ran := 0
+	for _, k := range Cases() {
+		for name, s := range Schedules() {
+			a, b := open(), open()
+			defer a.Close()
+			defer b.Close()
+			lg, _, err := RunLast(a, k, s, 5, false)
+			if errors.Is(err, backend.ErrUnsupported) {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, ids, err := RunLast(b, k, s, 5, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, id := range ids {
+				want, err := sample.Greedy(lg[i*k.Vocab : (i+1)*k.Vocab])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if id != want {
+					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the logits %d", k.Name, name, i, id, want)
+				}
+			}
+			ran++
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no case ran")
+	}
 }

@@ -260,3 +260,17 @@ func TestGPUPDLEqualsPlain(t *testing.T) {
 	}
 	t.Logf("%d case × schedule pairs compared", ran)
 }
+
+// TestGPUGreedyIDs: greedy ids picked on the GPU (Batch.Next: only the ids
+// come back) are the argmax of the logits the same steps return, for
+// every dense case and schedule (ties to the lowest id).
+func TestGPUGreedyIDs(t *testing.T) {
+	open(t, cuda.Options{Seqs: 1, Ctx: 16}) // skips without a GPU
+	backendtest.CheckGreedy(t, func() backend.Device {
+		d, err := cuda.Open(cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, PDL: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	})
+}

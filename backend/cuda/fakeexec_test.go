@@ -388,6 +388,21 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 		}
+	case name == "argmax":
+		// sample.cu's argmax: ties to the lowest index, NaN never chosen.
+		ld, n, R := c.int(1), c.int(2), int(g.X)
+		lg := f.view(c.ptr(0), int(rowsSpan(R, ld, n)/4))
+		next := f.bytesAt(c.ptr(3), 4*int64(R))
+		for r := range R {
+			best := -1
+			for i := range n {
+				v := lg.at(r*ld + i)
+				if v == v && (best < 0 || v > lg.at(r*ld+best)) {
+					best = i
+				}
+			}
+			binary.LittleEndian.PutUint32(next[4*r:], uint32(int32(best)))
+		}
 	case name == "silu_mul":
 		ldi, ldh, n, R := c.int(2), c.int(4), c.int(5), int(g.Y)
 		gv, u, h := f.view(c.ptr(0), int(rowsSpan(R, ldi, n)/4)), f.view(c.ptr(1), int(rowsSpan(R, ldi, n)/4)), f.view(c.ptr(3), int(rowsSpan(R, ldh, n)/4))

@@ -161,6 +161,8 @@ type state struct {
 
 	out     driver.DevicePtr // the step's logits (set by Head)
 	outN    int              // floats of them
+	next    driver.DevicePtr // the step's greedy ids (Batch.Next; set by Head)
+	nextN   int              // ids of them
 	mode    int
 	dynamic bool // the step used dynamic RoPE (never captured)
 	stale   bool // modeCheck: a buffer would have to grow (no replay)
@@ -184,6 +186,7 @@ type state struct {
 type graphKey struct {
 	rows   int
 	logits backend.Logits
+	next   bool // greedy ids picked on the device (Batch.Next)
 }
 
 type graph struct {
@@ -322,6 +325,7 @@ func (st *state) a() *driver.Args { return st.args.Reset() }
 func (st *state) begin(mode int) {
 	st.mode, st.err, st.dynamic, st.stale, st.dynOf = mode, nil, false, false, nil
 	st.outN, st.out, st.sig = 0, 0, st.sig[:0]
+	st.next, st.nextN = 0, 0
 }
 
 // Run runs step over b's rows on the GPU.
@@ -409,7 +413,7 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 	if err := r.profStart(); err != nil {
 		return err
 	}
-	key := graphKey{rows: st.rows, logits: b.Logits}
+	key := graphKey{rows: st.rows, logits: b.Logits, next: b.Next != nil}
 	decode := st.rows == len(b.Seqs)
 	graphs := decode && d.opt.Graphs && !d.opt.Eager
 	// StepTimer: the first decode step runs eagerly, kernel by kernel
@@ -473,6 +477,15 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 		if err := st.copyLogits(); err != nil {
 			return err
 		}
+	}
+	if st.nextN > 0 {
+		if err := r.dtoh(0, st.next, 4*st.nextN); err != nil {
+			return err
+		}
+		if err := r.sync(); err != nil {
+			return err
+		}
+		copy(b.Next[:st.nextN], unsafe.Slice((*int32)(unsafe.Pointer(&r.stage()[0])), st.nextN))
 	}
 	if err := r.sync(); err != nil {
 		return err
@@ -944,7 +957,12 @@ func (st *state) Head(w *backend.Head) {
 	case backend.LastLogits:
 		n = len(st.last)
 	}
-	if len(b.Out) < n*V {
+	greedy := b.Next != nil
+	switch {
+	case greedy && (b.Logits != backend.LastLogits || len(b.Next) < n):
+		st.fail(fmt.Errorf("cuda: greedy ids for %d sequences need LastLogits and %d entries (have %d)", n, n, len(b.Next)))
+		return
+	case !greedy && len(b.Out) < n*V:
 		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), n, V))
 		return
 	}
@@ -965,8 +983,20 @@ func (st *state) Head(w *backend.Head) {
 		st.rmsnorm(src, xb, n, H, &w.Norm)
 		st.mv(w.W.(*mat), xb, H, logits, V, 0, false, n)
 	}
+	if greedy {
+		// Only the ids come back: argmax of each row on the device.
+		next := st.buf("next", int64(M)*4)
+		st.a().Ptr(logits).Int(V).Int(V).Ptr(next)
+		st.launch("argmax", driver.D1(n), driver.D1(1024), 0)
+		st.next, st.nextN = next, n
+		return
+	}
 	st.out, st.outN = logits, n*V
 }
+
+// Argmaxes reports that the device picks greedy tokens itself
+// (backend.Argmaxer, Batch.Next).
+func (d *Device) Argmaxes() bool { return true }
 
 // copyLogits brings the step's logits back through the pinned stage, in
 // pieces that fit it, into b.Out; each piece is read on the host only

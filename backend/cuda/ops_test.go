@@ -458,6 +458,10 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		R := int(g.Y)
 		return errorsJoin(want(int(g.X) == nq && b.X == 128, "shape"), want(ldo >= nq*hd, "ld"),
 			f.span("part", c.ptr(0), 4*int64(R*nq*nsplit*(hd+2))), f.span("out", c.ptr(1), rowsSpan(R, ldo, nq*hd)))
+	case name == "argmax":
+		ld, n, R := c.int(1), c.int(2), int(g.X)
+		return errorsJoin(want(b.X == 1024 && g.Y == 1, "shape"), want(ld >= n && n > 0, "ld"),
+			f.span("logits", c.ptr(0), rowsSpan(R, ld, n)), f.span("next", c.ptr(3), 4*int64(R)))
 	case name == "silu_mul":
 		ldi, ldh, n, R := c.int(2), c.int(4), c.int(5), int(g.Y)
 		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldi >= n && ldh >= n, "ld"),
