@@ -150,7 +150,7 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 		}
 		return ids
 	}
-	ctxLen := max(cfg.Prompt, cfg.Gen+1, 16)
+	ctxLen := max(cfg.Prompt, cfg.Gen+1, 16) // the device is opened with at least 16 positions (cmd/cortiq bench)
 	for _, d := range cfg.Depths {
 		ctxLen = max(ctxLen, d+cfg.Gen+1)
 	}

@@ -81,7 +81,7 @@ func newBench() *cobra.Command {
 			// on the host threads needs it.
 			var prober *bench.Prober
 			for _, path := range args {
-				dev, err := openDevice(device, threads, deviceSize{seqs: maxBatch + 1, ctx: max(p, maxDepth) + n + 1, rows: max(p, maxDepth, 64, maxBatch)})
+				dev, err := openDevice(device, threads, deviceSize{seqs: maxBatch + 1, ctx: max(max(p, maxDepth)+n+1, 16), rows: max(p, maxDepth, 64, maxBatch)})
 				if err != nil {
 					return err
 				}

@@ -52,6 +52,10 @@ func blockOf(name string) int {
 	switch {
 	case name == "argmax" || name == "sample":
 		return 1024
+	case strings.HasPrefix(name, "mv_q8row_") || strings.HasPrefix(name, "mv_q4tp_"):
+		return 512
+	case strings.HasPrefix(name, "gemm_"):
+		return 256
 	case name == "rmsnorm" || name == "silu_mul" || name == "add" || name == "q82f_prescale" ||
 		name == "probe_read" || strings.HasPrefix(name, "embed_"):
 		return 256

@@ -335,7 +335,16 @@ struct MQBatch {
   int v, bt;
 };
 
-__device__ __forceinline__ void mq_next(const MQBatch& a, MQBatch& b, int nbat, int rstep) {
+// q8_row's batch: the chunks and the row scale (no codes: fewer registers,
+// so R = 5..8 fit the 128 a thread of a 512-thread block has).
+struct MQ8Batch {
+  uint4 w[MQ_GB];
+  uint32_t ab;
+  int v, bt;
+};
+
+template <class B>
+__device__ __forceinline__ void mq_next(const B& a, B& b, int nbat, int rstep) {
   b.v = a.v, b.bt = a.bt + 1, b.ab = a.ab;
   if (b.bt == nbat) b.bt = 0, b.v = a.v + rstep;
 }
@@ -451,7 +460,7 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
   const bool vec = aligned16(W0) && (rows1 == 0 || aligned16(W1)) && (rows2 == 0 || aligned16(W2)) && cols % 16 == 0;
   const int rstep = gridDim.x * MQ_WARPS;
   const int nbat = (nch + 32 * MQ_GB - 1) / (32 * MQ_GB);
-  auto load = [&](MQBatch& b) {
+  auto load = [&](MQ8Batch& b) {
     const bool in = b.v < N;
     const MQRow t = mq_row(in ? b.v : 0, W0, W1, W2, rows0, rows1, rows2, b0, b1, b2);
 #pragma unroll
@@ -462,7 +471,7 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
     if (b.bt == 0 && in)
       b.ab = vec ? *(const uint16_t*)(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o) : ld_u16(t.W + (size_t)t.rows * cols + 2 * (size_t)t.o);
   };
-  MQBatch c0, c1, c2;
+  MQ8Batch c0, c1, c2;
   c0.v = blockIdx.x * MQ_WARPS + warp, c0.bt = 0, c0.ab = 0;
   load(c0);
   mq_next(c0, c1, nbat, rstep);
@@ -520,8 +529,8 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
 }
 
 #define MQ_KERNELS(R)                                                                                        \
-  extern "C" __global__ void __launch_bounds__(512) mv_q8row_r##R(MQ_PARAMS) { mq_q8row<R>(MQ_ARGS); }     \
-  extern "C" __global__ void __launch_bounds__(512) mv_q4tp_r##R(MQ_PARAMS) { mq_q4tp<R>(MQ_ARGS); }
+  extern "C" __global__ void __launch_bounds__(512, 1) mv_q8row_r##R(MQ_PARAMS) { mq_q8row<R>(MQ_ARGS); }     \
+  extern "C" __global__ void __launch_bounds__(512, 1) mv_q4tp_r##R(MQ_PARAMS) { mq_q4tp<R>(MQ_ARGS); }
 
 MQ_KERNELS(1)
 MQ_KERNELS(2)
