@@ -64,10 +64,10 @@ func BenchmarkGPUMatvec(b *testing.B) {
 						e0, _ = c.NewEvent(0)
 						e1, _ = c.NewEvent(0)
 						if dt == quant.Q8Row || dt == quant.Q4TP {
-						kern.MQ{W: [3]driver.DevicePtr{w}, Rows: [3]int{rows}, Cols: cols, X: x, Ldx: cols, Y: y, Ldy: rows}.Pack(&a, 0)
-					} else {
-						a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
-					}
+							kern.MQ{W: [3]driver.DevicePtr{w}, Rows: [3]int{rows}, Cols: cols, X: x, Ldx: cols, Y: y, Ldy: rows}.Pack(&a, 0)
+						} else {
+							a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Ptr(0).Int(0)
+						}
 						return m.Launch(c, name, cfg, &a) // warm-up
 					})
 					defer d.Do(func(c *driver.Ctx) error {
