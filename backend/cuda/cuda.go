@@ -85,8 +85,9 @@ type Device struct {
 	st      *state
 	graphs  map[graphKey]graph
 	replays int
-	optin   map[string]int // kernels' opted-in dynamic shared memory (device thread only)
-	prof    *profile       // Options.Profile
+	optin   map[string]int                // kernels' opted-in dynamic shared memory (device thread only)
+	prof    *profile                      // Options.Profile
+	moeDone map[string][]driver.DevicePtr // MoE expert tables as written (device thread only)
 
 	timing *backend.StepTimes // StepTimer figures, nil: not timing
 	events []driver.Event     // its timing events, made on first use

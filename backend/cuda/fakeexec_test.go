@@ -217,7 +217,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				v0 += rows[j]
 			}
 		}
-	case strings.HasPrefix(name, "mv_"), strings.HasPrefix(name, "gemm_"):
+	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"):
 		fam := strings.Split(name, "_")[1]
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
 		var R int
@@ -402,6 +402,106 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 			binary.LittleEndian.PutUint32(next[4*r:], uint32(int32(best)))
+		}
+	case name == "moe_route":
+		ldl, E, k, renorm, R := c.int(1), c.int(2), c.int(3), c.int(4) != 0, int(g.X)
+		lg := f.view(c.ptr(0), int(rowsSpan(R, ldl, E)/4))
+		ids := f.bytesAt(c.ptr(5), 4*int64(R*k))
+		wv := f.view(c.ptr(6), R*k)
+		for r := range R {
+			p := make([]float64, E)
+			mx := math.Inf(-1)
+			for e := range E {
+				mx = math.Max(mx, float64(lg.at(r*ldl+e)))
+			}
+			var sum float64
+			for e := range E {
+				p[e] = float64(float32(math.Exp(float64(lg.at(r*ldl+e)) - mx)))
+				sum += p[e]
+			}
+			for e := range E {
+				p[e] = float64(float32(p[e]) * float32(1/sum))
+				lg.set(r*ldl+e, float32(p[e]))
+			}
+			var ws float32
+			taken := map[int]bool{}
+			for j := range k {
+				best := -1
+				for e := range E {
+					if !taken[e] && (best < 0 || p[e] > p[best]) {
+						best = e
+					}
+				}
+				taken[best] = true
+				binary.LittleEndian.PutUint32(ids[4*(r*k+j):], uint32(int32(best)))
+				wv.set(r*k+j, float32(p[best]))
+				ws += float32(p[best])
+			}
+			if renorm {
+				for j := range k {
+					wv.set(r*k+j, wv.at(r*k+j)/ws)
+				}
+			}
+		}
+	case strings.HasPrefix(name, "mv_moe_"):
+		fam := strings.TrimPrefix(name, "mv_moe_")
+		nslot, k, rowsE, cols := c.int(2), c.int(3), c.int(4), c.int(5)
+		ldx, xoff, xmode, ldy, pro := c.int(7), c.int(8), c.int(9), c.int(11), c.int(12)
+		nx := nslot / k
+		if xmode != 0 {
+			nx = nslot
+		}
+		span := rowsSpan(nx, ldx, cols)
+		if pro == kern.ProSilu {
+			span = rowsSpan(nx, ldx, xoff+cols)
+		}
+		x, y := f.view(c.ptr(6), int(span/4)), f.view(c.ptr(10), int(rowsSpan(nslot, ldy, rowsE)/4))
+		ids := f.bytesAt(c.ptr(1), 4*int64(nslot))
+		for s := range nslot {
+			xr := s / k
+			if xmode != 0 {
+				xr = s
+			}
+			xp := make([]float32, cols)
+			for i := range xp {
+				v := x.at(xr*ldx + i)
+				if pro == kern.ProSilu {
+					v64 := float64(v)
+					v = float32(v64 / (1 + math.Exp(-v64)) * float64(x.at(xr*ldx+xoff+i)))
+				}
+				xp[i] = v
+			}
+			xq := kern.ActQuant(xp)
+			e := int(int32(binary.LittleEndian.Uint32(ids[4*s:])))
+			wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*e)), 8)))
+			w := f.weights(fam, wp, rowsE, cols)
+			for o := range rowsE {
+				var acc float64
+				for i, xv := range xq {
+					acc += float64(w[o*cols+i]) * xv
+				}
+				y.set(s*ldy+o, float32(acc))
+			}
+		}
+	case name == "moe_combine":
+		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
+		x, y := f.view(c.ptr(0), int(rowsSpan(R, ldx, n)/4)), f.view(c.ptr(2), int(rowsSpan(R*k, ldy, n)/4))
+		wv := f.view(c.ptr(4), R*k)
+		var ys, sg f32s
+		if c.ptr(6) != 0 {
+			ys, sg = f.view(c.ptr(6), int(rowsSpan(R, ldy, n)/4)), f.view(c.ptr(7), R)
+		}
+		for r := range R {
+			for i := range n {
+				v := x.at(r*ldx + i)
+				for j := range k {
+					v += wv.at(r*k+j) * y.at((r*k+j)*ldy+i)
+				}
+				if ys != nil {
+					v += float32(1/(1+math.Exp(-float64(sg.at(r))))) * ys.at(r*ldy+i)
+				}
+				x.set(r*ldx+i, v)
+			}
 		}
 	case name == "silu_mul":
 		ldi, ldh, n, R := c.int(2), c.int(4), c.int(5), int(g.Y)

@@ -1,18 +1,160 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
 )
 
-// The MoE and Gated DeltaNet blocks are not implemented on the GPU yet
-// (issue 12, the GPU half): a step that uses them fails with this error,
-// and NewSeq refuses a sequence with linear-attention state.
+// The Gated DeltaNet block is not implemented on the GPU yet (issue 12,
+// the GPU half): a step that uses it fails with ErrUnsupported, and NewSeq
+// refuses a sequence with linear-attention state. The MoE block runs on
+// the device (moe.cu) for experts stored as q8_row or q4tp.
 
-// MoE fails: not on the GPU yet.
+// moeMaxSlots bounds rows × TopK of one expert launch (the prologue's
+// 64 rows); longer steps run in chunks of rows.
+const moeMaxSlots = 64
+
+// MoE adds the mixture-of-experts block to x: RMSNorm, the router, the
+// routing on the device (moe_route), each (row, slot)'s gate, up and down
+// products over the selected expert (mv_moe_*: the expert is looked up in
+// a device table of base pointers, so the choice never leaves the device),
+// the shared expert with its sigmoid gate, and the weighted sum into x
+// (moe_combine). Only the selected experts' bytes are read; a prefill
+// chunk is not yet grouped by expert (each row reads its own experts).
 func (st *state) MoE(w *backend.MoE) {
-	st.fail(fmt.Errorf("cuda: the mixture-of-experts block: %w", backend.ErrUnsupported))
+	if st.err != nil {
+		return
+	}
+	R, H, M := st.rows, st.H, st.d.opt.MaxRows
+	E, k := len(w.Experts), w.TopK
+	if E == 0 || k < 1 || k > E || k > moeMaxSlots {
+		st.fail(fmt.Errorf("cuda: mixture of %d experts with top %d (the device takes 1..%d of at least as many)", E, k, moeMaxSlots))
+		return
+	}
+	g0 := w.Experts[0].Gate.(*mat)
+	dt, I := g0.dt, g0.rows
+	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[dt]
+	for e, ex := range w.Experts {
+		g, u, d := ex.Gate.(*mat), ex.Up.(*mat), ex.Down.(*mat)
+		if fam == "" || g.dt != dt || u.dt != dt || d.dt != dt {
+			st.fail(fmt.Errorf("cuda: expert %d of the mixture-of-experts block in %s/%s/%s (the device runs experts stored as q8_row or q4tp, all alike): %w",
+				e, g.dt, u.dt, d.dt, backend.ErrUnsupported))
+			return
+		}
+		if g.rows != I || u.rows != I || g.cols != H || u.cols != H || d.rows != H || d.cols != I {
+			st.fail(fmt.Errorf("cuda: expert %d: gate %d×%d, up %d×%d, down %d×%d for width %d, inner %d", e, g.rows, g.cols, u.rows, u.cols, d.rows, d.cols, H, I))
+			return
+		}
+	}
+	if dt == quant.Q4TP && (H%32 != 0 || I%32 != 0) {
+		st.fail(fmt.Errorf("cuda: q4tp experts of %d×%d: %w", I, H, backend.ErrUnsupported))
+		return
+	}
+	x := st.buf("x", int64(M)*int64(H)*4)
+	xb := st.buf("xb", int64(M)*int64(H)*4)
+	logits := st.buf("moe_logits", int64(M)*int64(E)*4)
+	ids := st.buf("moe_ids", int64(M)*int64(k)*4)
+	wts := st.buf("moe_w", int64(M)*int64(k)*4)
+	gu := st.buf("moe_gu", int64(M)*int64(k)*int64(2*I)*4)
+	yd := st.buf("moe_y", int64(M)*int64(k)*int64(H)*4)
+	tabs := st.moeTables(w)
+	st.rmsnorm(x, xb, R, H, &w.Norm)
+	st.mv(w.Router.(*mat), xb, H, logits, E, 0, false, R)
+	st.a().Ptr(logits).Int(E).Int(E).Int(k).Int(b2i(w.Renorm)).Ptr(ids).Ptr(wts)
+	st.launch("moe_route", driver.D1(R), driver.D1(256), 0)
+	chunk := max(1, moeMaxSlots/k)
+	for c0 := 0; c0 < R; c0 += chunk {
+		n := min(chunk, R-c0)
+		sl := int64(c0 * k)
+		for j, t := range tabs[:2] { // gate, up
+			st.moeLaunch(fam, t, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+				gu.Add(4*sl*int64(2*I)+int64(4*j*I)), 2*I, kern.ProPlain, n)
+		}
+		st.moeLaunch(fam, tabs[2], ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+	}
+	var ys, sg driver.DevicePtr
+	if w.Shared != nil {
+		sI, _ := w.Shared.Gate.Dims()
+		sgu := st.buf("moe_sgu", int64(M)*int64(2*sI)*4)
+		sh := st.buf("moe_sh", int64(M)*int64(sI)*4)
+		ys = st.buf("moe_ys", int64(M)*int64(H)*4)
+		sg = st.buf("moe_sg", int64(M)*4)
+		st.mv(w.Shared.Gate.(*mat), xb, H, sgu, 2*sI, 0, false, R)
+		st.mv(w.Shared.Up.(*mat), xb, H, sgu.Add(int64(4*sI)), 2*sI, 0, false, R)
+		st.a().Ptr(sgu).Ptr(sgu.Add(int64(4 * sI))).Int(2 * sI).Ptr(sh).Int(sI).Int(sI)
+		st.launch("silu_mul", driver.D2((sI+255)/256, R), driver.D1(256), 0)
+		st.mv(w.Shared.Down.(*mat), sh, sI, ys, H, 0, false, R)
+		st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
+	}
+	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H)
+	st.launch("moe_combine", driver.D2((H+255)/256, R), driver.D1(256), 0)
+}
+
+// moeLaunch queues mv_moe_<fam> over nslot slots of rowsE×cols experts from
+// table, nx activation rows quantized in the prologue.
+func (st *state) moeLaunch(fam string, table, ids driver.DevicePtr, nslot, k, rowsE, cols int, x driver.DevicePtr, ldx, xoff, xmode int,
+	y driver.DevicePtr, ldy, pro, nx int) {
+	shared := kern.MatvecShared(cols, nx)
+	if shared > 200<<10 {
+		st.fail(fmt.Errorf("cuda: expert matvec of %d columns over %d rows needs %d bytes of shared memory: %w", cols, nx, shared, backend.ErrUnsupported))
+		return
+	}
+	st.a().Ptr(table).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).Ptr(y).Int(ldy).
+		Int(pro).Ptr(0).F32(0)
+	st.launch("mv_moe_"+fam, driver.D1(min((nslot*rowsE+15)/16, st.d.info.SMs)), driver.D1(512), shared)
+}
+
+// moeTables returns the device tables of w's expert base pointers (gate,
+// up, down), written once by the first eager step that uses them (a
+// recorded graph reads them as they are).
+func (st *state) moeTables(w *backend.MoE) [3]driver.DevicePtr {
+	E := len(w.Experts)
+	var t [3]driver.DevicePtr
+	name := fmt.Sprintf("moe_table_%p", w)
+	p := st.buf(name, int64(3*E*8))
+	if st.err != nil || p == 0 {
+		return t
+	}
+	for j := range t {
+		t[j] = p.Add(int64(8 * E * j))
+	}
+	if st.mode != modeRun {
+		return t
+	}
+	ptrs := make([]driver.DevicePtr, 0, 3*E)
+	for j := range 3 {
+		for _, ex := range w.Experts {
+			ptrs = append(ptrs, []backend.Mat{ex.Gate, ex.Up, ex.Down}[j].(*mat).p)
+		}
+	}
+	if slices.Equal(st.d.moeDone[name], ptrs) {
+		return t // written with these weights (a new block at a reused address is rewritten)
+	}
+	stage := st.r.stage()
+	off := len(stage) - 3*E*8 // the stage's end: inputs, dynamic RoPE and logits copies start at 0
+	for i, q := range ptrs {
+		binary.LittleEndian.PutUint64(stage[off+8*i:], uint64(q))
+	}
+	if err := st.r.htod(p, off, 3*E*8); err != nil {
+		st.fail(err)
+		return t
+	}
+	if err := st.r.sync(); err != nil { // the stage region is reused by the next table
+		st.fail(err)
+		return t
+	}
+	if st.d.moeDone == nil {
+		st.d.moeDone = map[string][]driver.DevicePtr{}
+	}
+	st.d.moeDone[name] = ptrs
+	return t
 }
 
 // DeltaNet fails: not on the GPU yet.

@@ -404,7 +404,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			errs = append(errs, f.span("norm", c.ptr(16), 4*int64(cols)))
 		}
 		return errorsJoin(errs...)
-	case strings.HasPrefix(name, "mv_"):
+	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"):
 		parts := strings.Split(name, "_") // mv, family, rR
 		R, _ := strconv.Atoi(strings.TrimPrefix(parts[2], "r"))
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
@@ -458,6 +458,31 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		R := int(g.Y)
 		return errorsJoin(want(int(g.X) == nq && b.X == 128, "shape"), want(ldo >= nq*hd, "ld"),
 			f.span("part", c.ptr(0), 4*int64(R*nq*nsplit*(hd+2))), f.span("out", c.ptr(1), rowsSpan(R, ldo, nq*hd)))
+	case name == "moe_route":
+		ldl, E, k, R := c.int(1), c.int(2), c.int(3), int(g.X)
+		return errorsJoin(want(b.X == 256 && ldl >= E && k >= 1 && k <= E, "shape"),
+			f.span("logits", c.ptr(0), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(5), 4*int64(R*k)), f.span("w", c.ptr(6), 4*int64(R*k)))
+	case strings.HasPrefix(name, "mv_moe_"):
+		nslot, k, rowsE, cols, ldx, xoff, xmode, ldy, pro := c.int(2), c.int(3), c.int(4), c.int(5), c.int(7), c.int(8), c.int(9), c.int(11), c.int(12)
+		nx := nslot / k
+		if xmode != 0 {
+			nx = nslot
+		}
+		xw := cols
+		if pro == kern.ProSilu {
+			xw = xoff + cols
+		}
+		return errorsJoin(want(b.X == 512 && int(g.X) == min((nslot*rowsE+15)/16, 132) && c.cfg.Shared == kern.MatvecShared(cols, nx), "shape"),
+			want(nslot%k == 0 && nx <= 64 && ldx >= xw && ldy >= rowsE, "ld"),
+			f.span("ids", c.ptr(1), 4*int64(nslot)), f.span("x", c.ptr(6), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(10), rowsSpan(nslot, ldy, rowsE)))
+	case name == "moe_combine":
+		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
+		errs := []error{want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldx >= n && ldy >= n, "ld"),
+			f.span("x", c.ptr(0), rowsSpan(R, ldx, n)), f.span("y", c.ptr(2), rowsSpan(R*k, ldy, n)), f.span("w", c.ptr(4), 4*int64(R*k))}
+		if c.ptr(6) != 0 {
+			errs = append(errs, f.span("shared", c.ptr(6), rowsSpan(R, ldy, n)), f.span("gate", c.ptr(7), 4*int64(R)))
+		}
+		return errorsJoin(errs...)
 	case name == "argmax":
 		ld, n, R := c.int(1), c.int(2), int(g.X)
 		return errorsJoin(want(b.X == 1024 && g.Y == 1, "shape"), want(ld >= n && n > 0, "ld"),

@@ -1,0 +1,200 @@
+// Mixture-of-experts FFN on the device (architectures.md §5): routing, the
+// selected experts' SwiGLU products, and the weighted combine, with the
+// expert choice never leaving the device (the step stays one graph).
+//
+//   moe_route    router logits → softmax over all experts (float32, max
+//                subtracted, Σ in float64 as kernels.Softmax) → the top k
+//                (ties: the lower index) → renormalised when asked.
+//   mv_moe_*     one matvec per (row, slot) over the selected expert's
+//                weights, found in a device table of expert base pointers:
+//                int8 activations as matvec.cu's mq_* kernels.
+//   moe_combine  x[r] += Σ_j w[r][j]·y[r·k+j] (+ σ(g[r])·shared[r]), in that
+//                order (the CPU's AXPY order).
+#include "common.cuh"
+
+// moe_route: one block per activation row. Params (logits, ldl, E, k,
+// renorm, ids, w): ids/w [R][k]. Launch: grid R, block 256.
+extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ logits, int ldl, int E, int k, int renorm,
+                                                            int* __restrict__ ids, float* __restrict__ w) {
+  __shared__ double red[32];
+  __shared__ float fred[32];
+  pdl_trigger();
+  pdl_wait();
+  const int r = blockIdx.x, tid = threadIdx.x;
+  float* l = logits + (size_t)r * ldl;
+  float mx = -INFINITY;
+  for (int e = tid; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+  mx = block_max_f(mx, fred);
+  double s = 0.0;
+  for (int e = tid; e < E; e += blockDim.x) {
+    const float p = expf(l[e] - mx);
+    l[e] = p;
+    s += (double)p;
+  }
+  s = block_sum_d(s, red);
+  const float inv = (float)(1.0 / s);
+  for (int e = tid; e < E; e += blockDim.x) l[e] *= inv;
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        if (best >= 0 && !(l[e] > l[best])) continue;
+        bool taken = false;
+        for (int c = 0; c < j; c++) taken = taken || ids[r * k + c] == e;
+        if (!taken) best = e;
+      }
+      ids[r * k + j] = best;
+      w[r * k + j] = l[best];
+      sum += l[best];
+    }
+    if (renorm)
+      for (int j = 0; j < k; j++) w[r * k + j] /= sum;
+  }
+}
+
+// mv_moe_{q4tp,q8row}: y[s][o] = W_{ids[s]}[o,:]·x'[xrow(s)] for every slot s
+// of nslot (= R·k) and every row o of rowsE, W_e at table[e] (each expert a
+// rowsE×cols tensor as CMF stores it). xrow(s) = s / k (xmode 0: the
+// gate/up products share their row's activations) or s (xmode 1: the down
+// product of each slot's own SwiGLU). The prologue (pro as mq_*) quantizes
+// the nx activation rows once a block. Params (table, ids, nslot, k,
+// rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps). Launch: block
+// 512, grid min(⌈nslot·rowsE/16⌉, SMs), dynamic shared memory
+// MatvecShared(cols, nx) (nx = nslot/k or nslot).
+#define MOE_PARAMS                                                                                             \
+  const uint8_t* const* __restrict__ table, const int* __restrict__ ids, int nslot, int k, int rowsE, int cols, \
+      const float* __restrict__ x, int ldx, int xoff, int xmode, float* __restrict__ y, int ldy, int pro,         \
+      const float* __restrict__ nw, float eps
+
+// The prologue over a runtime number of rows (at most 64): mq_prologue's
+// arithmetic.
+template <bool PERM>
+__device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ldx, int xoff, int cols, int nb, int ps, int nx,
+                                             int pro, const float* __restrict__ nw, float eps, int8_t* xq, int2* xds) {
+  __shared__ double red[32];
+  __shared__ float inv[64];
+  const int tid = threadIdx.x;
+  const bool norm = pro == MQ_NORM || pro == MQ_NORM1;
+  if (norm) {
+    for (int r = 0; r < nx; r++) {
+      const float* xr = x + (size_t)r * ldx;
+      double ss = 0.0;
+      for (int i = tid; i < cols; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+      ss = block_sum_d(ss, red);
+      if (tid == 0) inv[r] = rms_inv(ss, cols, eps);
+    }
+    __syncthreads();
+  }
+  const int nq = nx * nb * 8;
+  for (int base = 0; base < nq; base += blockDim.x) {
+    const int qd = base + tid;
+    const int r = qd / (nb * 8), kq = qd - r * nb * 8, i = 4 * kq;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (qd < nq) {
+      const float* xr = x + (size_t)r * ldx;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        if (i + j >= cols) continue;
+        float e = xr[i + j];
+        if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * xr[xoff + i + j];
+        else if (norm) e = rms_apply(e, inv[r], nw[i + j], pro == MQ_NORM1);
+        v[j] = e;
+      }
+    }
+    mq_quant4<PERM>(v, r, kq >> 3, 4 * (kq & 7), nb, ps, xq, xds, qd < nq);
+  }
+  __syncthreads();
+}
+
+template <bool Q4>
+__device__ __forceinline__ void mv_moe(MOE_PARAMS) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb), N = nslot * rowsE;
+  const int nx = xmode ? nslot : nslot / k;
+  int8_t* xq = (int8_t*)mq_smem;
+  int2* xds = (int2*)(mq_smem + (size_t)nx * 2 * ps);
+  pdl_trigger();
+  pdl_wait();  // ids come from moe_route
+  moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
+  const int stride = (5 * nb + 7) / 8;  // q4tp: cols % 32 == 0, nb = gpr
+  const bool vec8 = cols % 16 == 0;
+  for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
+    const int s = v / rowsE, o = v - s * rowsE, xr = xmode ? s : s / k;
+    if (ids[s] < 0) {  // no expert (cannot happen for E >= 1): zeros, not a wild read
+      if (lane == 0) y[(size_t)s * ldy + o] = 0.0f;
+      continue;
+    }
+    const uint8_t* W = table[ids[s]];
+    float acc = 0.0f;
+    if (Q4) {
+      const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
+      const float lad = q4tp_rung(ld_u16(W + poff + 4 * (size_t)o), ld_u16(W + poff + 4 * (size_t)o + 2), lane);
+      for (int g0 = 0; g0 < nb; g0 += 32) {
+        const int g = g0 + lane;
+        const int code = g < nb ? q4tp_code(W + coff + (size_t)o * stride, g) : 0;
+        const float sc = __shfl_sync(FULL_MASK, lad, code);
+        if (g < nb) {
+          const uint4 c = __ldcs((const uint4*)(W + ((size_t)o * nb + g) * 16));
+          const uint32_t wv[4] = {c.x, c.y, c.z, c.w};
+          const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr) * ps + (size_t)g * 16);
+          const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr + 1) * ps + (size_t)g * 16);
+          const int2 ds = xds[xr * nb + g];
+          int si = -8 * ds.y;
+          si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
+          si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
+          si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
+          si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
+          acc += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
+        }
+      }
+    } else {
+      const uint8_t* row = W + (size_t)o * cols;
+      const int nch = (cols + 15) / 16;
+      for (int c = lane; c < nch; c += 32) {
+        const int b = c >> 1, h = c & 1;
+        int si = 0;
+        if (vec8 && aligned16(W)) {
+          const uint4 w = __ldcs((const uint4*)(row + 16 * (size_t)c));
+          const int4 q = *(const int4*)(xq + (size_t)(2 * xr + h) * ps + (size_t)b * 16);
+          si = __dp4a((int)w.x, q.x, si); si = __dp4a((int)w.y, q.y, si);
+          si = __dp4a((int)w.z, q.z, si); si = __dp4a((int)w.w, q.w, si);
+        } else {
+          for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
+            si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr + h) * ps + (size_t)b * 16 + (i & 15)];
+        }
+        acc += __int_as_float(xds[xr * nb + b].x) * (float)si;
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      if (!Q4) acc *= f16_to_f32(ld_u16(W + (size_t)rowsE * cols + 2 * (size_t)o));
+      y[(size_t)s * ldy + o] = acc;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q4tp(MOE_PARAMS) {
+  mv_moe<true>(table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps);
+}
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q8row(MOE_PARAMS) {
+  mv_moe<false>(table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps);
+}
+
+// moe_combine: x[r][i] += Σ_j w[r·k+j]·y[(r·k+j)·ldy + i], then, with a
+// shared expert, += σ(g[r])·ys[r·ldy + i]. Params (x, ldx, y, ldy, w, k,
+// ys, g, n). Launch: grid (⌈n/256⌉, R), block 256.
+extern "C" __global__ void moe_combine(float* __restrict__ x, int ldx, const float* __restrict__ y, int ldy,
+                                       const float* __restrict__ w, int k, const float* __restrict__ ys,
+                                       const float* __restrict__ g, int n) {
+  pdl_trigger();
+  pdl_wait();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+  if (i >= n) return;
+  float v = x[(size_t)r * ldx + i];
+  for (int j = 0; j < k; j++) v += w[r * k + j] * y[(size_t)(r * k + j) * ldy + i];
+  if (ys) v += 1.0f / (1.0f + expf(-g[r])) * ys[(size_t)r * ldy + i];
+  x[(size_t)r * ldx + i] = v;
+}
