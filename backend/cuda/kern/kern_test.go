@@ -128,6 +128,10 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"argmax":         {8, 4, 4, 8},
 		"sample":         {8, 4, 4, 8, 8},
 		"probe_read":     {8, 8, 8},
+		"moe_route":      {8, 4, 4, 4, 4, 8, 8},
+		"mv_moe_q8row":   {8, 8, 4, 4, 4, 4, 8, 4, 4, 4, 8, 4, 4, 8, 4},
+		"mv_moe_q4tp":    {8, 8, 4, 4, 4, 4, 8, 4, 4, 4, 8, 4, 4, 8, 4},
+		"moe_combine":    {8, 4, 8, 4, 8, 4, 8, 8, 4},
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}

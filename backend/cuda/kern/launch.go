@@ -442,3 +442,58 @@ func probeCalls(p Ptr, n16 int64, sink Ptr, sms int) []call {
 func (l *Launcher) ProbeRead(p Ptr, n16 int64, sink Ptr, sms int) error {
 	return l.run(probeCalls(p, n16, sink, sms), nil)
 }
+
+// MoE kernels (moe.cu).
+
+func moeRouteCalls(logits Ptr, ldl, E, k int, renorm bool, ids, w Ptr, R int) []call {
+	a := new(driver.Args).Ptr(logits).Int(ldl).Int(E).Int(k).Int(b2i(renorm)).Ptr(ids).Ptr(w)
+	return one("moe_route", driver.D1(R), driver.D1(256), 0, a)
+}
+
+// MoERoute queues, for R rows of router logits (ldl apart, E experts), the
+// softmax in place, the top k expert ids and their weights (renormalised
+// when renorm) into ids/w [R][k].
+func (l *Launcher) MoERoute(logits Ptr, ldl, E, k int, renorm bool, ids, w Ptr, R int) error {
+	return l.run(moeRouteCalls(logits, ldl, E, k, renorm, ids, w, R), nil)
+}
+
+// MoEMatvecShared is the dynamic shared memory of mv_moe_* over nx
+// activation rows of cols.
+func MoEMatvecShared(cols, nx int) int { return MatvecShared(cols, nx) }
+
+func moeMatvecCalls(d quant.DType, table, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro, sms int) ([]call, error) {
+	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[d]
+	nx := nslot / max(k, 1)
+	if xmode != 0 {
+		nx = nslot
+	}
+	switch {
+	case fam == "":
+		return nil, fmt.Errorf("kern: no expert matvec for %s", d)
+	case k < 1 || nslot < 1 || nslot%k != 0 || nx > 64 || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu):
+		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d×%d, prologue %d", d, nslot, k, rowsE, cols, pro)
+	}
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	a := new(driver.Args).Ptr(table).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).
+		Ptr(y).Int(ldy).Int(pro).Ptr(0).F32(0)
+	return one("mv_moe_"+fam, driver.D1(min((nslot*rowsE+15)/16, sms)), driver.D1(512), MoEMatvecShared(cols, nx), a), nil
+}
+
+// MoEMatvec queues y[s] = W_{ids[s]}·x'[xrow(s)] for nslot slots of
+// rowsE×cols experts whose base pointers are in table (see moe.cu).
+func (l *Launcher) MoEMatvec(d quant.DType, table, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro int) error {
+	return l.run(moeMatvecCalls(d, table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
+}
+
+func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int) []call {
+	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(w).Int(k).Ptr(ys).Ptr(g).Int(n)
+	return one("moe_combine", driver.D2((n+255)/256, R), driver.D1(256), 0, a)
+}
+
+// MoECombine queues x[r] += Σ_j w[r][j]·y[r·k+j] (+ σ(g[r])·ys[r] when ys
+// is set) for R rows of n.
+func (l *Launcher) MoECombine(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int) error {
+	return l.run(moeCombineCalls(x, ldx, y, ldy, w, k, ys, g, n, R), nil)
+}
