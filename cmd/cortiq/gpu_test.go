@@ -316,3 +316,26 @@ func TestGPUBench(t *testing.T) {
 		t.Errorf("table:\n%s", out)
 	}
 }
+
+// TestGPUMoEFixture: the Qwen3-MoE fixture converted to q8_row (experts
+// included) runs on the GPU — routing, the selected experts and the
+// combine on the device — and its prefill logits agree with the CPU's on
+// the same file and with transformers' within the q8_row bounds.
+func TestGPUMoEFixture(t *testing.T) {
+	needGPU(t)
+	const name = "qwen3_moe_f32"
+	path := convertFixture(t, name, "q8_row")
+	gpu, ref, _ := fixtureLogits(t, name, path, "cuda")
+	cpu, _, _ := fixtureLogits(t, name, path, "cpu")
+	b := fixtureBounds["q8_row"]
+	rel, kl, worst := logitAgreement(gpu, ref)
+	t.Logf("GPU vs transformers: relRMS %.2e, mean KL %.2e, max |Δ| %.2e of the RMS (%d rows)", rel, kl, worst, len(ref))
+	if !(rel <= b.relRMS && kl <= b.meanKL) {
+		t.Errorf("GPU vs transformers: relRMS %.3g (bound %g), mean KL %.3g (bound %g)", rel, b.relRMS, kl, b.meanKL)
+	}
+	rel, kl, worst = logitAgreement(gpu, cpu)
+	t.Logf("GPU vs CPU: relRMS %.2e, mean KL %.2e, max |Δ| %.2e of the RMS", rel, kl, worst)
+	if !(rel <= b.relRMS && kl <= b.meanKL) {
+		t.Errorf("GPU vs CPU: relRMS %.3g (bound %g), mean KL %.3g (bound %g)", rel, b.relRMS, kl, b.meanKL)
+	}
+}
