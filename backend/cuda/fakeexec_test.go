@@ -403,6 +403,30 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 			binary.LittleEndian.PutUint32(next[4*r:], uint32(int32(best)))
 		}
+	case name == "gate_split":
+		lds, ldq, ldg, nq, hd, kv, R := c.int(1), c.int(3), c.int(5), c.int(6), c.int(7), c.int(8), int(g.Y)
+		qd := nq * hd
+		src := f.view(c.ptr(0), int(rowsSpan(R, lds, 2*qd+kv)/4))
+		qkv, gate := f.view(c.ptr(2), int(rowsSpan(R, ldq, qd+kv)/4)), f.view(c.ptr(4), int(rowsSpan(R, ldg, qd)/4))
+		for r := range R {
+			for h := range nq {
+				for d := range hd {
+					qkv.set(r*ldq+h*hd+d, src.at(r*lds+2*h*hd+d))
+					gate.set(r*ldg+h*hd+d, src.at(r*lds+2*h*hd+hd+d))
+				}
+			}
+			for i := qd; i < qd+kv; i++ {
+				qkv.set(r*ldq+i, src.at(r*lds+qd+i))
+			}
+		}
+	case name == "gate_mul":
+		ldy, ldg, n, R := c.int(1), c.int(3), c.int(4), int(g.Y)
+		y, gv := f.view(c.ptr(0), int(rowsSpan(R, ldy, n)/4)), f.view(c.ptr(2), int(rowsSpan(R, ldg, n)/4))
+		for r := range R {
+			for i := range n {
+				y.set(r*ldy+i, y.at(r*ldy+i)*float32(1/(1+math.Exp(-float64(gv.at(r*ldg+i))))))
+			}
+		}
 	case name == "moe_route":
 		ldl, E, k, renorm, R := c.int(1), c.int(2), c.int(3), c.int(4) != 0, int(g.X)
 		lg := f.view(c.ptr(0), int(rowsSpan(R, ldl, E)/4))

@@ -788,8 +788,8 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	if st.err != nil {
 		return
 	}
-	if w.Gated {
-		st.fail(fmt.Errorf("cuda: gated attention (layer %d): %w", layer, backend.ErrUnsupported))
+	if w.Gated && w.BQ != nil {
+		st.fail(fmt.Errorf("cuda: gated attention with a q bias (layer %d): %w", layer, backend.ErrUnsupported))
 		return
 	}
 	d, R, H, hd := st.d, st.rows, st.H, w.HeadDim
@@ -815,14 +815,26 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		return
 	}
 	// xb = input_layernorm(x); q|k|v = W·xb (+ bias), side by side per row
-	// (decode: one launch, the norm in its prologue).
+	// (decode: one launch, the norm in its prologue). A gated q_proj writes
+	// [q_h ; gate_h] per head into a wider row, split afterwards.
+	dst, ldd, qrows := qkv, ld, qd
+	var gate driver.DevicePtr
+	if w.Gated {
+		qrows, ldd = 2*qd, ld+qd
+		dst = st.buf("qkvg", int64(M)*int64(ldd)*4)
+		gate = st.buf("gate", int64(M)*int64(qd)*4)
+	}
 	if st.fusable(w.Q, w.K, w.V) {
-		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, qkv, ld, &w.Norm, R)
+		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, &w.Norm, R)
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
-		st.mv(w.Q.(*mat), xb, H, qkv, ld, ptrOf(w.BQ), false, R)
-		st.mv(w.K.(*mat), xb, H, qkv.Add(int64(4*qd)), ld, ptrOf(w.BK), false, R)
-		st.mv(w.V.(*mat), xb, H, qkv.Add(int64(4*(qd+kvd))), ld, ptrOf(w.BV), false, R)
+		st.mv(w.Q.(*mat), xb, H, dst, ldd, ptrOf(w.BQ), false, R)
+		st.mv(w.K.(*mat), xb, H, dst.Add(int64(4*qrows)), ldd, ptrOf(w.BK), false, R)
+		st.mv(w.V.(*mat), xb, H, dst.Add(int64(4*(qrows+kvd))), ldd, ptrOf(w.BV), false, R)
+	}
+	if w.Gated {
+		st.a().Ptr(dst).Int(ldd).Ptr(qkv).Int(ld).Ptr(gate).Int(qd).Int(nq).Int(hd).Int(2 * kvd)
+		st.launch("gate_split", driver.D2((qd+2*kvd+255)/256, R), driver.D1(256), 0)
 	}
 	// q/k norm per head, then RoPE and the K/V append at each row's slot.
 	if w.QNorm != nil {
@@ -865,6 +877,11 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4)
 	st.a().Ptr(part).Ptr(att).Int(qd).Int(nq).Int(hd).Int(nsplit)
 	st.launch("attn_merge", driver.D2(nq, R), driver.D1(128), 0)
+	if w.Gated {
+		// att ⊙ σ(gate) before o_proj.
+		st.a().Ptr(att).Int(qd).Ptr(gate).Int(qd).Int(qd)
+		st.launch("gate_mul", driver.D2((qd+255)/256, R), driver.D1(256), 0)
+	}
 	// x += o_proj(att) (+ bias): the residual add in the matvec's epilogue.
 	st.mv(w.O.(*mat), att, qd, x, H, ptrOf(w.BO), true, R)
 }

@@ -458,6 +458,15 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		R := int(g.Y)
 		return errorsJoin(want(int(g.X) == nq && b.X == 128, "shape"), want(ldo >= nq*hd, "ld"),
 			f.span("part", c.ptr(0), 4*int64(R*nq*nsplit*(hd+2))), f.span("out", c.ptr(1), rowsSpan(R, ldo, nq*hd)))
+	case name == "gate_split":
+		lds, ldq, ldg, nq, hd, kv, R := c.int(1), c.int(3), c.int(5), c.int(6), c.int(7), c.int(8), int(g.Y)
+		qd := nq * hd
+		return errorsJoin(want(int(g.X) == (qd+kv+255)/256 && b.X == 256, "shape"), want(lds >= 2*qd+kv && ldq >= qd+kv && ldg >= qd, "ld"),
+			f.span("src", c.ptr(0), rowsSpan(R, lds, 2*qd+kv)), f.span("qkv", c.ptr(2), rowsSpan(R, ldq, qd+kv)), f.span("gate", c.ptr(4), rowsSpan(R, ldg, qd)))
+	case name == "gate_mul":
+		ldy, ldg, n, R := c.int(1), c.int(3), c.int(4), int(g.Y)
+		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldy >= n && ldg >= n, "ld"),
+			f.span("y", c.ptr(0), rowsSpan(R, ldy, n)), f.span("g", c.ptr(2), rowsSpan(R, ldg, n)))
 	case name == "moe_route":
 		ldl, E, k, R := c.int(1), c.int(2), c.int(3), int(g.X)
 		return errorsJoin(want(b.X == 256 && ldl >= E && k >= 1 && k <= E, "shape"),

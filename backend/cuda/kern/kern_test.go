@@ -132,6 +132,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"mv_moe_q8row":   {8, 8, 4, 4, 4, 4, 8, 4, 4, 4, 8, 4, 4, 8, 4},
 		"mv_moe_q4tp":    {8, 8, 4, 4, 4, 4, 8, 4, 4, 4, 8, 4, 4, 8, 4},
 		"moe_combine":    {8, 4, 8, 4, 8, 4, 8, 8, 4},
+		"gate_split":     {8, 4, 8, 4, 8, 4, 4, 4, 4},
+		"gate_mul":       {8, 4, 8, 4, 4},
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}

@@ -497,3 +497,26 @@ func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n,
 func (l *Launcher) MoECombine(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int) error {
 	return l.run(moeCombineCalls(x, ldx, y, ldy, w, k, ys, g, n, R), nil)
 }
+
+// Gated attention (gate.cu).
+
+func gateSplitCalls(src Ptr, ldsrc int, qkv Ptr, ldq int, gate Ptr, ldg, nq, hd, kv, R int) []call {
+	a := new(driver.Args).Ptr(src).Int(ldsrc).Ptr(qkv).Int(ldq).Ptr(gate).Int(ldg).Int(nq).Int(hd).Int(kv)
+	return one("gate_split", driver.D2((nq*hd+kv+255)/256, R), driver.D1(256), 0, a)
+}
+
+// GateSplit queues the split of gated q_proj rows [q_h ; gate_h]… | k | v
+// into qkv rows q… | k | v and gate rows.
+func (l *Launcher) GateSplit(src Ptr, ldsrc int, qkv Ptr, ldq int, gate Ptr, ldg, nq, hd, kv, R int) error {
+	return l.run(gateSplitCalls(src, ldsrc, qkv, ldq, gate, ldg, nq, hd, kv, R), nil)
+}
+
+func gateMulCalls(y Ptr, ldy int, g Ptr, ldg, n, R int) []call {
+	a := new(driver.Args).Ptr(y).Int(ldy).Ptr(g).Int(ldg).Int(n)
+	return one("gate_mul", driver.D2((n+255)/256, R), driver.D1(256), 0, a)
+}
+
+// GateMul queues y ⊙= σ(g) over R rows of n.
+func (l *Launcher) GateMul(y Ptr, ldy int, g Ptr, ldg, n, R int) error {
+	return l.run(gateMulCalls(y, ldy, g, ldg, n, R), nil)
+}

@@ -52,6 +52,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		add(moeMatvecCalls(d, 1, 2, 6, 2, 64, 32, 3, 64, 32, 1, 4, 64, ProSilu, 132))
 	}
 	add(moeCombineCalls(1, 64, 2, 64, 3, 2, 4, 5, 64, 3), nil)
+	add(gateSplitCalls(1, 96, 2, 64, 3, 32, 2, 16, 32, 3), nil)
+	add(gateMulCalls(1, 32, 2, 32, 32, 3), nil)
 	used := map[string]bool{}
 	for _, c := range all {
 		k, ok := m.Kernel(c.name)
