@@ -159,7 +159,9 @@ func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64
 // MLP and attention shapes (14336×4096, 4096×4096) at T = 16, 64 (batched
 // decode) and 512 (prefill), q4tp and q8_row, with CUDA events over 10
 // calls a sample; "base" is the default path at the same shape (T > 8:
-// the bf16 GEMM, kern.GemmKernel's tile) for a direct comparison.
+// the bf16 GEMM, kern.GemmKernel's tile) for a direct comparison, and
+// tile128 / tile_t64 / tile_d64 force each int8 tile (to set
+// GemmQKernel's thresholds from one run; "mmq" is the one it picks).
 // TFLOP/s counts 2·rows·cols·T a call. The bars: 64 streams of the
 // 8B q4tp model at ≥ 7,700 tok/s aggregate (T = 64) and pp512 near
 // llama.cpp's 10,650 tok/s.
@@ -186,7 +188,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 			rows, cols := sh[0], sh[1]
 			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 			for _, T := range []int{16, 64, 512} {
-				for _, path := range []string{"mmq", "base"} {
+				for _, path := range []string{"mmq", "base", "tile128", "tile_t64", "tile_d64"} {
 					pick, _, _ := kern.GemmQKernel(kernName[dt], rows, T)
 					if path == "base" {
 						pick, _, _ = kern.GemmKernel(kernName[dt], rows, T)
@@ -197,10 +199,21 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 						nq, ns := kern.GemmQScratch(cols, T)
 						queue := func(c *driver.Ctx) error {
 							l := m.On(c, 0, false)
-							if path == "base" {
+							g := kern.GemmQ{W: w, Rows: rows, Cols: cols, X: x, Ldx: cols, Quants: q, Scales: s, Y: y, Ldy: rows}
+							switch path {
+							case "base":
 								return l.Gemm(dt, w, rows, cols, x, cols, y, rows, T, 0, false)
+							case "mmq":
+								return l.GemmQ(dt, g, T)
 							}
-							return l.GemmQ(dt, kern.GemmQ{W: w, Rows: rows, Cols: cols, X: x, Ldx: cols, Quants: q, Scales: s, Y: y, Ldy: rows}, T)
+							// One tile forced (gemmq_actq, then that tile): for the thresholds.
+							var qa, ga driver.Args
+							if err := m.Launch(c, "gemmq_actq", kern.ActQuantLaunch(cols, T), g.PackQuant(&qa, dt)); err != nil {
+								return err
+							}
+							tile := gemmqTiles[map[string]int{"tile128": 0, "tile_t64": 1, "tile_d64": 2}[path]]
+							cfg := driver.Config{Grid: driver.D2((rows+tile.bn-1)/tile.bn, (T+tile.bm-1)/tile.bm), Block: driver.D1(256)}
+							return m.Launch(c, "gemmq_"+kernName[dt]+tile.suffix, cfg, g.Pack(&ga, T))
 						}
 						err := d.Do(func(c *driver.Ctx) error {
 							var err error
@@ -254,7 +267,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 						b.SetBytes(nb * launches)
 						b.ReportMetric(flops*launches*float64(b.N)/sec/1e12, "TFLOP/s")
 						b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/call")
-						b.Logf("%s: %s", path, pick)
+						b.Logf("%s (the default path's kernel, or the int8 tile GemmQKernel picks: %s)", path, pick)
 					})
 				}
 			}
