@@ -203,7 +203,7 @@ func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
 	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * spec.KVBytes(d.opt.Ctx)}
-	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs)
+	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ)
 	err := d.do(func(r runner) error {
 		free, _, err := r.memInfo()
 		p.Free = free

@@ -208,9 +208,13 @@ type devBuf struct {
 // widest floats); the int8 GEMM's quants and scales (Options.MMQ: 1.125
 // bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
 // widest + 2·heads floats, bounded by 2·widest).
-func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int) int64 {
+func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) int64 {
 	M, w := int64(maxRows), int64(widest)
-	return 12*M + 4*M*w*10 + 2*M*w + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
+	n := 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
+	if mmq {
+		n += 2 * M * w
+	}
+	return n
 }
 
 // buf returns the named scratch buffer of at least n bytes. A buffer

@@ -704,7 +704,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					used += b.n
 				}
 				widest := max(sh.H, (sh.nq+2*sh.nkv)*sh.hd, 2*sh.I, sh.V)
-				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs); used > plan {
+				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ); used > plan {
 					t.Errorf("the steps' scratch is %d bytes, the plan's bound %d", used, plan)
 				}
 				names := map[string]bool{}
