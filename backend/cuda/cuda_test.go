@@ -274,3 +274,41 @@ func TestGPUGreedyIDs(t *testing.T) {
 		return d
 	})
 }
+
+// TestGPUMMQParity: with Options.MMQ (steps of more than 8 rows over
+// q8_row, q8_2f and q4tp on the int8 tensor-core GEMM) every quantized
+// case × schedule gives logits within the quantized tolerance (NMSE 3e-4,
+// TestGPUParity's) of both the default path (the bf16 GEMM) and the CPU
+// backend; the int8 GEMM quantizes activations as the CPU does, so its
+// distance to the CPU is logged next to the default path's.
+func TestGPUMMQParity(t *testing.T) {
+	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, MMQ: true})
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+	c := cpu.New(2)
+	defer c.Close()
+	ran := 0
+	for _, k := range backendtest.Cases() {
+		if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
+			continue
+		}
+		for name, s := range backendtest.Schedules() {
+			a, ok := runCase(t, q, k, s, 3)
+			if !ok {
+				continue
+			}
+			b, _ := runCase(t, g, k, s, 3)
+			want, _ := runCase(t, c, k, s, 3)
+			nd, nc, ndc := backendtest.NMSE(a, b), backendtest.NMSE(a, want), backendtest.NMSE(b, want)
+			if nd > 3e-4 || nc > 3e-4 || nd != nd || nc != nc {
+				t.Errorf("%s / %s: MMQ against the default path NMSE %.3g, against the CPU %.3g (tolerance 3e-4)", k.Name, name, nd, nc)
+			}
+			if name == "prefill9+decode" || name == "decode_across_64" {
+				t.Logf("%s / %s: NMSE MMQ–default %.3g, MMQ–CPU %.3g, default–CPU %.3g", k.Name, name, nd, nc, ndc)
+			}
+			ran++
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no quantized case ran")
+	}
+}

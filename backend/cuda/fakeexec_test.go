@@ -100,6 +100,16 @@ func (f *fakeGPU) weights(fam string, p driver.DevicePtr, rows, cols int) []floa
 	return w
 }
 
+// qpos is the position of element i of a block of 32 in gemmq_actq's
+// output: q4tp's order (0,2,4,6,1,3,5,7) per 8 when perm is set.
+func qpos(i int, perm bool) int {
+	if !perm {
+		return i
+	}
+	e := i & 7
+	return i&^7 + e>>1 + 4*(e&1)
+}
+
 func rmsApply(x []float64, w f32s, eps float32, onePlus bool, out func(i int, v float32)) {
 	var ss float64
 	for _, v := range x {
@@ -215,6 +225,74 @@ func (f *fakeGPU) exec(c *fakeCall) {
 					y.set(r*ldy+v0+o, v)
 				}
 				v0 += rows[j]
+			}
+		}
+	case name == "gemmq_actq":
+		// ActQuant's int8 per block of 32 (q4tp: each 8 in the order
+		// 0,2,4,6,1,3,5,7), quants at [t][cols], scales at [t][cols/32].
+		ldx, cols, perm, T := c.int(1), c.int(2), c.int(5) != 0, int(g.Y)
+		nb := cols / 32
+		x, d := f.view(c.ptr(0), int(rowsSpan(T, ldx, cols)/4)), f.view(c.ptr(4), T*nb)
+		xq := f.bytesAt(c.ptr(3), int64(T*cols))
+		for t := range T {
+			for b := range nb {
+				var amax float32
+				nan := false
+				for i := range 32 {
+					v := x.at(t*ldx + 32*b + i)
+					nan = nan || v != v
+					amax = max(amax, float32(math.Abs(float64(v))))
+				}
+				var id, s float32
+				if !nan && amax >= 0x1p-120 {
+					id, s = 127/amax, amax/127
+				}
+				for i := range 32 {
+					q := int8(math.RoundToEven(float64(x.at(t*ldx+32*b+i) * id)))
+					xq[t*cols+32*b+qpos(i, perm)] = byte(q)
+				}
+				d.set(t*nb+b, s)
+			}
+		}
+	case strings.HasPrefix(name, "gemmq_"):
+		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
+		// scale after the sum), + bias, =|+= Y.
+		fam := strings.Split(name, "_")[1]
+		rows, cols, ldy, T, bias, acc := c.int(1), c.int(2), c.int(6), c.int(7), c.ptr(8), c.int(9) != 0
+		nb := cols / 32
+		var w []float32
+		if fam == "q8row" {
+			w = f.weights("q8quants", c.ptr(0), rows, cols)
+		} else {
+			w = f.weights(fam, c.ptr(0), rows, cols)
+		}
+		xq, d := f.bytesAt(c.ptr(3), int64(T*cols)), f.view(c.ptr(4), T*nb)
+		y := f.view(c.ptr(5), int(rowsSpan(T, ldy, rows)/4))
+		var b f32s
+		if bias != 0 {
+			b = f.view(bias, rows)
+		}
+		xv := make([]float64, cols)
+		for t := range T {
+			for k := range cols {
+				xv[k] = float64(int8(xq[t*cols+32*(k/32)+qpos(k%32, fam == "q4tp")])) * float64(d.at(t*nb+k/32))
+			}
+			for o := range rows {
+				var s float64
+				for k, v := range xv {
+					s += float64(w[o*cols+k]) * v
+				}
+				v := float32(s)
+				if fam == "q8row" {
+					v *= f.q8scale(c.ptr(0), rows, cols, o)
+				}
+				if b != nil {
+					v += b.at(o)
+				}
+				if acc {
+					v += y.at(t*ldy + o)
+				}
+				y.set(t*ldy+o, v)
 			}
 		}
 	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"):
@@ -586,6 +664,62 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 		}
 		if graphs && f.replays == 0 {
 			t.Fatal("no step was replayed")
+		}
+	}
+}
+
+// TestParitySuiteNumericOnFakeMMQ: the parity suite's quantized cases with
+// Options.MMQ (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
+// on and off, against the CPU; the int8 GEMM must actually have run. The
+// tolerance is 1e-5, 20× tighter than the bf16 GEMM's suite: the models
+// quantize the activations exactly as the CPU's int8 kernels do, so only
+// float rounding is left (worst seen ≈3e-7, q4tp) — a wrong quant order,
+// scale or stride shows as ≥1e-3.
+func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	worst := map[quant.DType]float64{}
+	defer func() { t.Logf("worst NMSE against the CPU per format: %v", worst) }()
+	for _, graphs := range []bool{false, true} {
+		f := newFake(t, 4)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, MMQ: true})
+		ran := 0
+		for _, k := range backendtest.Cases() {
+			if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
+				continue
+			}
+			for name, sched := range backendtest.Schedules() {
+				n0 := len(f.calls)
+				got, err := backendtest.Run(d, k, sched, 11)
+				if notYet(err) {
+					t.Logf("%s: NOT RUN (%v)", k.Name, err)
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s / %s: %v", k.Name, name, err)
+				}
+				for _, call := range f.calls[n0:] {
+					if strings.HasPrefix(call.name, "gemmq_") && call.name != "gemmq_actq" {
+						ran++
+					}
+					if strings.HasPrefix(call.name, "gemm_") {
+						t.Errorf("%s / %s: %s ran with MMQ on", k.Name, name, call.name)
+					}
+				}
+				want, err := backendtest.Run(c, k, sched, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := backendtest.NMSE(got, want)
+				worst[k.DType] = max(worst[k.DType], n)
+				if n > 1e-5 || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
+				}
+			}
+		}
+		if ran == 0 {
+			t.Fatal("no int8 GEMM ran")
 		}
 	}
 }

@@ -205,11 +205,16 @@ type devBuf struct {
 // scratchBytes bounds a step's scratch for maxRows rows of width at most
 // widest floats: the staged inputs; x, xb, xlast, qkv, att, gate|up, h,
 // xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
-// widest floats); the attention partials (attnPartRows rows of at most
+// widest floats); the int8 GEMM's quants and scales (Options.MMQ: 1.125
+// bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
 // widest + 2·heads floats, bounded by 2·widest).
-func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int) int64 {
+func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) int64 {
 	M, w := int64(maxRows), int64(widest)
-	return 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
+	n := 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
+	if mmq {
+		n += 2 * M * w
+	}
+	return n
 }
 
 // buf returns the named scratch buffer of at least n bytes. A buffer
@@ -686,6 +691,20 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// Prefill over quantized weights: the tensor-core GEMM (bf16
 		// activations, exact int8 weights, f32 accumulation: within the
 		// formats' own error). Float weights keep the exact f32 matvec.
+		// With Options.MMQ: the int8 GEMM, on activations quantized into
+		// scratch first.
+		if st.d.opt.MMQ && kern.GemmQSupported(m.dt, m.p, m.cols) {
+			nq, ns := kern.GemmQScratch(m.cols, st.d.opt.MaxRows)
+			g := kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Quants: st.buf("xq", nq), Scales: st.buf("xqd", ns),
+				Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}
+			g.PackQuant(st.a(), m.dt)
+			cfg := kern.ActQuantLaunch(m.cols, rows)
+			st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+			g.Pack(st.a(), rows)
+			name, grid, block := kern.GemmQKernel(f, m.rows, rows)
+			st.launch(name, grid, block, 0)
+			return
+		}
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
 		name, grid, block := kern.GemmKernel(f, m.rows, rows)
 		st.launch(name, grid, block, 0)

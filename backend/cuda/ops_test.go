@@ -63,6 +63,8 @@ type fakeGPU struct {
 	// marks are the timing events' readings of it.
 	clock time.Duration
 	marks map[int]time.Duration
+	// lastActQ is the last gemmq_actq launched (a gemmq_* must read its quants).
+	lastActQ *fakeCall
 }
 
 // The fake's device times (TestStepTimer).
@@ -262,6 +264,10 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 	if err := f.checkCall(&c); err != nil {
 		return fmt.Errorf("fake: %s (grid %v, block %v): %w", name, cfg.Grid, cfg.Block, err)
 	}
+	if name == "gemmq_actq" {
+		q := c
+		f.lastActQ = &q
+	}
 	if f.capturing {
 		f.captured = append(f.captured, c)
 	} else {
@@ -417,6 +423,30 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			f.span("x", c.ptr(3), rowsSpan(R, ldx, cols)), f.span("y", c.ptr(5), rowsSpan(R, ldy, rows))}
 		if bias := c.ptr(7); bias != 0 {
 			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+		}
+		return errorsJoin(errs...)
+	case name == "gemmq_actq":
+		ldx, cols, T := c.int(1), c.int(2), int(g.Y)
+		q, s := kern.GemmQScratch(cols, T)
+		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s))
+	case strings.HasPrefix(name, "gemmq_"):
+		rows, cols, ldy, T := c.int(1), c.int(2), c.int(6), c.int(7)
+		fam := strings.Split(name, "_")[1]
+		wantName, grid, block := kern.GemmQKernel(fam, rows, T)
+		q, s := kern.GemmQScratch(cols, T)
+		errs := []error{want(name == wantName && g == grid && b == block && c.cfg.Shared == 0, "shape (want %s %v)", wantName, grid),
+			want(ldy >= rows && cols%32 == 0 && c.ptr(0)%16 == 0, "ld / alignment"),
+			f.span("W", c.ptr(0), weightBytes(fam, rows, cols)),
+			f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s), f.span("Y", c.ptr(5), rowsSpan(T, ldy, rows))}
+		if bias := c.ptr(8); bias != 0 {
+			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+		}
+		// The quants must be this step's: the last gemmq_actq launched
+		// wrote them, over these T rows and columns.
+		if f.lastActQ == nil || f.lastActQ.ptr(3) != c.ptr(3) || f.lastActQ.ptr(4) != c.ptr(4) ||
+			f.lastActQ.int(2) != cols || int(f.lastActQ.cfg.Grid.Y) != T || (f.lastActQ.int(5) != 0) != (fam == "q4tp") {
+			errs = append(errs, fmt.Errorf("not preceded by a gemmq_actq of its quants (%d rows × %d, perm %v)", T, cols, fam == "q4tp"))
 		}
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemm_"):
@@ -661,16 +691,24 @@ func toks(n, base int) []int {
 // checks every launch against the manifest, its documented launch shape
 // and the allocations.
 func TestLaunchesMatchKernels(t *testing.T) {
+	for _, mmq := range []bool{false, true} {
+		testLaunchesMatchKernels(t, mmq)
+	}
+}
+
+// testLaunchesMatchKernels: with mmq (Options.MMQ) the 12-row prefill of
+// quantized weights takes the int8 GEMM (gemmq_actq, then gemmq_<fam>*).
+func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
 		for _, sh := range []netShape{
 			{H: 64, I: 96, nq: 4, nkv: 2, hd: 16, V: 72},
 			{H: 64, I: 160, nq: 8, nkv: 1, hd: 32, V: 50, bias: true, qknorm: true},
 		} {
 			sh.dt = dt
-			t.Run(fmt.Sprintf("%s/nq%d_nkv%d", dt, sh.nq, sh.nkv), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/nq%d_nkv%d/mmq%v", dt, sh.nq, sh.nkv, mmq), func(t *testing.T) {
 				f := newFake(t, 4)
 				spec := backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: sh.nkv, HeadDim: sh.hd}
-				d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 32}, spec)
+				d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 32, MMQ: mmq}, spec)
 				n := f.net(t, sh)
 				s := []*seq{{d: d, slot: 2, ctx: 64}, {d: d, slot: 0, ctx: 64}, {d: d, slot: 3, ctx: 40}}
 				steps := []struct {
@@ -700,7 +738,7 @@ func TestLaunchesMatchKernels(t *testing.T) {
 					used += b.n
 				}
 				widest := max(sh.H, (sh.nq+2*sh.nkv)*sh.hd, 2*sh.I, sh.V)
-				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs); used > plan {
+				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ); used > plan {
 					t.Errorf("the steps' scratch is %d bytes, the plan's bound %d", used, plan)
 				}
 				names := map[string]bool{}
@@ -710,6 +748,7 @@ func TestLaunchesMatchKernels(t *testing.T) {
 						name = name[:i]
 					}
 					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
+					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
 					names[name] = true
 				}
 				fam, _ := kernelFormat(dt)
@@ -721,8 +760,15 @@ func TestLaunchesMatchKernels(t *testing.T) {
 						t.Errorf("no %s was launched (launched: %v)", k, names)
 					}
 				}
-				if dt != quant.F32 && dt != quant.F16 && dt != quant.BF16 && !names["gemm_"+fam] {
+				quantized := dt != quant.F32 && dt != quant.F16 && dt != quant.BF16
+				if quantized && !mmq && !names["gemm_"+fam] {
 					t.Errorf("the 12-row prefill of %s did not take the GEMM", dt)
+				}
+				if quantized && mmq && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam]) {
+					t.Errorf("the 12-row prefill of %s with MMQ did not take the int8 GEMM alone (launched: %v)", dt, names)
+				}
+				if !mmq && names["gemmq_actq"] {
+					t.Errorf("the int8 GEMM ran without Options.MMQ")
 				}
 				if dt == quant.Q82F && !names["q82f_prescale"] {
 					t.Errorf("q8_2f ran without its prescale")

@@ -75,3 +75,13 @@ func TestDeviceFlagEnv(t *testing.T) {
 		t.Fatalf("--device cpu overrides CORTIQ_DEVICE: %v", err)
 	}
 }
+
+// CORTIQ_CUDA_MMQ=1, and only 1, turns the int8 GEMM on.
+func TestMMQFromEnv(t *testing.T) {
+	for v, want := range map[string]bool{"": false, "0": false, "1": true, "yes": false} {
+		t.Setenv("CORTIQ_CUDA_MMQ", v)
+		if got := mmqFromEnv(); got != want {
+			t.Errorf("CORTIQ_CUDA_MMQ=%q: MMQ %v, want %v", v, got, want)
+		}
+	}
+}

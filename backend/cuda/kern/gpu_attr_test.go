@@ -54,7 +54,7 @@ func blockOf(name string) int {
 		return 1024
 	case strings.HasPrefix(name, "mv_q8row_") || strings.HasPrefix(name, "mv_q4tp_"):
 		return 512
-	case strings.HasPrefix(name, "gemm_"):
+	case strings.HasPrefix(name, "gemm_"), strings.HasPrefix(name, "gemmq_"):
 		return 256
 	case name == "rmsnorm" || name == "silu_mul" || name == "add" || name == "q82f_prescale" ||
 		name == "probe_read" || strings.HasPrefix(name, "embed_"):

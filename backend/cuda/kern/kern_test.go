@@ -134,6 +134,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"moe_combine":    {8, 4, 8, 4, 8, 4, 8, 8, 4},
 		"gate_split":     {8, 4, 8, 4, 8, 4, 4, 4, 4},
 		"gate_mul":       {8, 4, 8, 4, 4},
+		"gemmq_actq":     {8, 4, 4, 8, 8, 4}, // (X, ldx, cols, XQ, D, perm)
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}
@@ -145,6 +146,10 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
 			if f == "q8row" || f == "q4tp" {
+				// (W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate): gemmq.cu's three tiles
+				for _, tile := range []string{"", "_t64", "_d64"} {
+					want["gemmq_"+f+tile] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
+				}
 				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)
 				want["mv_"+f+"_r"+string(rune('0'+r))] = []int{8, 8, 8, 4, 4, 4, 4, 8, 4, 4, 8, 4, 8, 8, 8, 4, 8, 4, 4}
 			}

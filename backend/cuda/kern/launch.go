@@ -289,6 +289,90 @@ func (l *Launcher) Gemm(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y 
 	return l.run(gemmCalls(d, W, rows, cols, x, ldx, y, ldy, T, bias, accumulate))
 }
 
+// GemmQSupported reports whether the int8 tensor-core GEMM (gemmq.cu)
+// takes a d tensor at device address W with cols columns: q8_row, q8_2f
+// (on prescaled activations) and q4tp, cols % 32 == 0, W 16-byte aligned.
+func GemmQSupported(d quant.DType, W Ptr, cols int) bool {
+	return quantizedActs(d) && cols > 0 && cols%ActQuantBlock == 0 && W%16 == 0
+}
+
+// GemmQScratch is the scratch a GemmQ over T activation rows of cols
+// columns needs: the int8 quants (T·cols bytes) and their scales (T·cols/32
+// floats).
+func GemmQScratch(cols, T int) (quants, scales int64) {
+	return int64(T) * int64(cols), 4 * int64(T) * int64(cols/ActQuantBlock)
+}
+
+// GemmQKernel names the int8 GEMM kernel of family fam (q8row, q4tp) for
+// rows weight rows and T activation rows, with its launch shape
+// (gemmq.cu): T ≤ 64 takes gemmq_<fam>_d64 (32 weight rows × 64 tokens a
+// block: batched decode), else 128 × 128 (gemmq_<fam>) when that makes at
+// least GemmBlocksMin blocks, else 128 × 64 (gemmq_<fam>_t64); 256
+// threads, no dynamic shared memory.
+func GemmQKernel(fam string, rows, T int) (name string, grid, block driver.Dim3) {
+	gx := (rows + 127) / 128
+	switch {
+	case T <= 64:
+		return "gemmq_" + fam + "_d64", driver.D2((rows+31)/32, (T+63)/64), driver.D1(256)
+	case gx*((T+127)/128) >= GemmBlocksMin:
+		return "gemmq_" + fam, driver.D2(gx, (T+127)/128), driver.D1(256)
+	}
+	return "gemmq_" + fam + "_t64", driver.D2(gx, (T+63)/64), driver.D1(256)
+}
+
+// ActQuantLaunch is the launch of gemmq_actq over T rows of cols columns.
+func ActQuantLaunch(cols, T int) driver.Config {
+	return driver.Config{Grid: driver.D2((cols/ActQuantBlock+7)/8, T), Block: driver.D1(256)}
+}
+
+// GemmQ is one int8 tensor-core GEMM: Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]
+// (+bias[o]) over T activation rows, X quantized per block of 32
+// (ActQuant) into the scratch Quants and Scales (GemmQScratch bytes) first.
+type GemmQ struct {
+	W              Ptr
+	Rows, Cols     int
+	X              Ptr
+	Ldx            int
+	Quants, Scales Ptr
+	Y              Ptr
+	Ldy            int
+	Bias           Ptr
+	Accumulate     bool
+}
+
+// PackQuant packs into a gemmq_actq's parameters for g over format d.
+func (g GemmQ) PackQuant(a *driver.Args, d quant.DType) *driver.Args {
+	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants).Ptr(g.Scales).Int(b2i(d == quant.Q4TP))
+}
+
+// Pack packs into a the GEMM kernel's parameters for g over T rows.
+func (g GemmQ) Pack(a *driver.Args, T int) *driver.Args {
+	return a.Ptr(g.W).Int(g.Rows).Int(g.Cols).Ptr(g.Quants).Ptr(g.Scales).Ptr(g.Y).Int(g.Ldy).Int(T).
+		Ptr(g.Bias).Int(b2i(g.Accumulate))
+}
+
+// Calls returns the two launches of g over T rows for format d (q8_2f: X
+// already prescaled).
+func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
+	fam, err := mvFamily(d)
+	if err != nil {
+		return nil, err
+	}
+	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < g.Rows {
+		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x) with %d rows", d, g.Rows, g.Cols, uint64(g.W), T)
+	}
+	qa, ga := g.PackQuant(new(driver.Args), d), g.Pack(new(driver.Args), T)
+	cfg := ActQuantLaunch(g.Cols, T)
+	name, grid, block := GemmQKernel(fam, g.Rows, T)
+	return append([]call{{"gemmq_actq", cfg, qa}}, one(name, grid, block, 0, ga)...), nil
+}
+
+// GemmQ queues g over T rows (see GemmQ).
+func (l *Launcher) GemmQ(d quant.DType, g GemmQ, T int) error {
+	cs, err := g.Calls(d, T)
+	return l.run(cs, err)
+}
+
 func prescaleCalls(W Ptr, rows, cols int, x Ptr, ldx int, xs Ptr, ldxs, R int) []call {
 	a := new(driver.Args).Ptr(W).I64(quant.Q82FColOffset(rows, cols)).Int(cols).Ptr(x).Int(ldx).Ptr(xs).Int(ldxs)
 	return one("q82f_prescale", driver.D2((cols+255)/256, R), driver.D1(256), 0, a)

@@ -33,6 +33,12 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))    // 64-token tile
 		add(gemmCalls(d, 0x1000, 14336, 4096, 0x2000, 4096, 0x3000, 14336, 512, 0, false)) // 128-token tile
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
+		if quantizedActs(d) {
+			for _, T := range []int{9, 64, 100, 512} { // the int8 GEMM's three tiles
+				add(GemmQ{W: 0x1000, Rows: 14336, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
+					Y: 0x5000, Ldy: 14336, Bias: 0x6000}.Calls(d, T))
+			}
+		}
 	}
 	add(prescaleCalls(0x1000, 64, 256, 0x2000, 256, 0x3000, 256, 4), nil)
 	add(rmsnormCalls(1, 2, 3, 4, 5, 6, 7, 1e-6, true), nil)
@@ -169,5 +175,68 @@ func TestGemmKernelTiles(t *testing.T) {
 		if big := int((c.rows+127)/128) * ((c.T + 127) / 128); (bm == 128) != (big >= GemmBlocksMin) {
 			t.Errorf("%d×T%d: %d blocks of 128 tokens, took %s", c.rows, c.T, big, name)
 		}
+	}
+}
+
+// GemmQKernel's tiles cover every weight row and token: 32 × 64 for
+// T ≤ 64, else 128 × 128 exactly when that makes GemmBlocksMin blocks,
+// else 128 × 64.
+func TestGemmQKernelTiles(t *testing.T) {
+	for _, c := range []struct {
+		rows, T int
+		name    string
+	}{
+		{37, 1, "gemmq_q4tp_d64"}, {4096, 16, "gemmq_q4tp_d64"}, {14336, 64, "gemmq_q4tp_d64"}, {130, 65, "gemmq_q4tp_t64"},
+		{4096, 512, "gemmq_q4tp_t64"}, {14336, 512, "gemmq_q4tp"}, {4096, 1024, "gemmq_q4tp"},
+	} {
+		name, grid, block := GemmQKernel("q4tp", c.rows, c.T)
+		bn, bm := 128, 128
+		switch {
+		case strings.HasSuffix(name, "_d64"):
+			bn, bm = 32, 64
+		case strings.HasSuffix(name, "_t64"):
+			bm = 64
+		}
+		if name != c.name || block.X != 256 || block.Y != 1 || grid.Z != 1 {
+			t.Errorf("%d×T%d: %s block %v, want %s, 256", c.rows, c.T, name, block, c.name)
+		}
+		if int(grid.X)*bn < c.rows || int(grid.X-1)*bn >= c.rows || int(grid.Y)*bm < c.T || int(grid.Y-1)*bm >= c.T {
+			t.Errorf("%d×T%d: grid %v does not tile %d×%d blocks", c.rows, c.T, grid, bn, bm)
+		}
+	}
+}
+
+// GemmQ quantizes first (gemmq_actq over T rows, q4tp's quants permuted)
+// and refuses what the kernels do not take.
+func TestGemmQCalls(t *testing.T) {
+	g := GemmQ{W: 0x1000, Rows: 130, Cols: 1056, X: 0x2000, Ldx: 1060, Quants: 0x3000, Scales: 0x4000, Y: 0x5000, Ldy: 130}
+	for _, d := range []quant.DType{quant.Q8Row, quant.Q82F, quant.Q4TP} {
+		cs, err := g.Calls(d, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cs) != 2 || cs[0].name != "gemmq_actq" || !strings.HasPrefix(cs[1].name, "gemmq_") {
+			t.Fatalf("%s: launches %v", d, cs)
+		}
+		if cs[0].cfg.Grid.X != 5 || cs[0].cfg.Grid.Y != 100 || cs[0].cfg.Block.X != 256 {
+			t.Errorf("%s: gemmq_actq launch %+v", d, cs[0].cfg)
+		}
+		b := cs[0].args.Bytes()
+		if perm := binary.LittleEndian.Uint32(b[len(b)-4:]); (perm == 1) != (d == quant.Q4TP) {
+			t.Errorf("%s: perm %d", d, perm)
+		}
+	}
+	bad := []GemmQ{g, g, g, g}
+	bad[0].Cols = 1000 // not whole blocks
+	bad[1].W = 0x1008  // not 16-byte aligned
+	bad[2].Ldx = 1000
+	bad[3].Rows = 0
+	for i, b := range bad {
+		if _, err := b.Calls(quant.Q4TP, 9); err == nil {
+			t.Errorf("case %d accepted", i)
+		}
+	}
+	if _, err := g.Calls(quant.BF16, 9); err == nil {
+		t.Error("a bf16 int8 gemm accepted")
 	}
 }

@@ -1,0 +1,307 @@
+// Quantized-activation GEMM on int8 tensor cores ("MMQ"), opt-in
+// (Options.MMQ): Y[t][o] (=|+=) Σ_g s[o][g]·d[t][g]·Σ_{k∈g} wq[o,k]·xq[t,k]
+// (+ bias[o]) for q8_row (s = the row scale, applied in the epilogue) and
+// q4tp (s = the group's rung, wq = nibble − 8), with xq/d the int8
+// activations of kern.ActQuant (blocks of 32: the CPU's rule, the same the
+// mq_* matvecs use).
+//
+// Two kernels a call: gemmq_actq quantizes X once into scratch (xq int8
+// [T][cols], d float [T][cols/32]; for q4tp each 8 quants in the order
+// (0,2,4,6,1,3,5,7) of a q4tp word's low, then high nibbles, so that a
+// word expands to int8 with two masks and no shuffle), then
+// gemmq_<fmt>[_t64|_d64] multiplies on mma.sync m16n8k32 s8·s8→s32. A K
+// step of 32 is one activation block and one q4tp group: each mma's int32
+// partial is converted and scaled (float acc += c·s·d) before the next
+// group, since s and d change every 32 k.
+//
+// Tiles (256 threads = 8 warps, WM along tokens × 8/WM along weight rows):
+//   gemmq_<fmt>       128 weight rows × 128 tokens, 1 group a stage
+//   gemmq_<fmt>_t64   128 weight rows × 64 tokens, 2 groups a stage
+//   gemmq_<fmt>_d64   32 weight rows × 64 tokens, 4 groups a stage (T ≤ 64:
+//                     batched decode; 4× the blocks of a 128-row tile, so
+//                     that narrow outputs still spread over the SMs)
+// Stages are register-staged and double-buffered as in gemm.cu: the next
+// stage's weights (raw bytes), quants and scales are loaded into registers
+// during the MMAs, then expanded into the other shared stage. Shared rows
+// are KG·32 + 16 bytes (ldmatrix conflict-free). Fragments are loaded with
+// ldmatrix on b16 units: a 16×32-byte int8 tile is the same bytes as a
+// 16×16 b16 tile, and the m16n8k32 s8 A/B/C fragments are the m16n8k16
+// b16 ones with each b16 pair read as 4 bytes (PTX ISA, "Matrix Fragments
+// for mma.m16n8k32").
+//
+// Launch: gemmq_actq grid (⌈nb/8⌉, T), block 256 (a warp a block of 32),
+// parameters (X, ldx, cols, XQ, D, perm); gemmq_* grid (⌈rows/BN⌉,
+// ⌈T/BM⌉), block 256, no dynamic shared memory, parameters (W, rows, cols,
+// XQ, D, Y, ldy, T, bias, accumulate). Needs cols % 32 == 0 and W 16-byte
+// aligned (the launcher checks; st.mv keeps the bf16 GEMM otherwise).
+// Rows past `rows` or T read the last valid row and are never stored.
+#include "common.cuh"
+
+#define GQ_THREADS 256
+
+// One block of 32 activations a warp: amax, 127/amax, round-half-even,
+// d = amax/127, zeros for amax < 2^-120 or a NaN (kernels/quantx.go).
+extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float* __restrict__ X, int ldx, int cols,
+                                                                    int8_t* __restrict__ XQ, float* __restrict__ D,
+                                                                    int perm) {
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, nb = cols / 32;
+  const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+  pdl_wait();
+  if (b >= nb) return;  // uniform over the warp
+  const float v = X[(size_t)t * ldx + b * 32 + lane];
+  const float am = warp_max(fabsf(v));
+  const bool nan = __any_sync(FULL_MASK, v != v);
+  int q = 0;
+  float d = 0.0f;
+  if (!nan && am >= 0x1p-120f) {
+    q = __float2int_rn(__fmul_rn(v, __fdiv_rn(127.0f, am)));
+    d = __fdiv_rn(am, 127.0f);
+  }
+  const int e = lane & 7;
+  const int p = perm ? (lane & ~7) + (e >> 1) + 4 * (e & 1) : lane;
+  XQ[(size_t)t * cols + b * 32 + p] = (int8_t)q;
+  if (lane == 0) D[(size_t)t * nb + b] = d;
+}
+
+// Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory.
+__device__ __forceinline__ void gq_ldsm4(uint32_t (&r)[4], const uint8_t* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// c = A·B for A 16×32 s8 (row), B 32×8 s8 (col), int32 accumulation
+// from GQ_BIAS = the bits of 1.5·2^23: a partial |Σ| < 2^22 (here at most
+// 32·127·127) leaves c the bits of the float 1.5·2^23 + Σ exactly, so
+// gq_f(c) = Σ as a float with one FADD instead of an I2F conversion
+// (quarter-rate or less on the SM's integer-to-float path).
+#define GQ_BIAS 0x4B400000
+__device__ __forceinline__ void gq_mma(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(GQ_BIAS));
+}
+__device__ __forceinline__ float gq_f(int c) { return __int_as_float(c) - 12582912.0f; }
+
+// Weight stagers: a unit is half a group (16 int8 weights) of one row;
+// load fetches it (zeros past the row's groups), store writes the 16
+// int8 at dst and, for q4tp, the group's rung at *rung (first half only).
+struct GemmQQ8 {
+  const uint8_t* w;
+  uint4 v;
+  __device__ void init(const uint8_t* W, int rows, int cols, int o) { w = W + (size_t)min(o, rows - 1) * cols; }
+  __device__ void load(int nb, int g, int half) {
+    v = g < nb ? *reinterpret_cast<const uint4*>(w + (size_t)g * 32 + half * 16) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint8_t* dst, float*, int) const { *reinterpret_cast<uint4*>(dst) = v; }
+  static constexpr bool kRung = false;
+  __device__ static float scale(const uint8_t* W, int rows, int cols, int o) {
+    return f16_to_f32(ld_u16(W + (size_t)rows * cols + 2 * (size_t)o));
+  }
+};
+
+struct GemmQQ4TP {
+  const uint8_t* nib;
+  const uint8_t* code;
+  uint16_t a, b;
+  uint2 v;
+  int c;
+  __device__ void init(const uint8_t* W, int rows, int cols, int o) {
+    o = min(o, rows - 1);
+    const int gpr = cols / 32;
+    const size_t poff = (size_t)rows * gpr * 16, coff = poff + (size_t)rows * 4;
+    a = ld_u16(W + poff + 4 * (size_t)o);
+    b = ld_u16(W + poff + 4 * (size_t)o + 2);
+    nib = W + (size_t)o * gpr * 16;
+    code = W + coff + (size_t)o * ((5 * gpr + 7) / 8);
+  }
+  __device__ void load(int nb, int g, int half) {
+    if (g < nb) {
+      v = *reinterpret_cast<const uint2*>(nib + (size_t)g * 16 + half * 8);
+      c = half == 0 ? q4tp_code(code, g) : 0;
+    } else {
+      v = make_uint2(0x88888888u, 0x88888888u);  // nibbles 8: weights 0
+      c = -1;
+    }
+  }
+  // Word j of a group holds weights 8j..8j+7, low nibble first: its low
+  // nibbles are weights 8j+0,2,4,6, its high ones 8j+1,3,5,7, the order
+  // gemmq_actq gives q4tp's quants.
+  __device__ static uint32_t lo(uint32_t x) { return __vsub4(x & 0x0F0F0F0Fu, 0x08080808u); }
+  __device__ static uint32_t hi(uint32_t x) { return __vsub4((x >> 4) & 0x0F0F0F0Fu, 0x08080808u); }
+  __device__ void store(uint8_t* dst, float* rung, int half) const {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(lo(v.x), hi(v.x), lo(v.y), hi(v.y));
+    if (half == 0) *rung = c < 0 ? 0.0f : q4tp_rung(a, b, c);
+  }
+  static constexpr bool kRung = true;
+  __device__ static float scale(const uint8_t*, int, int, int) { return 1.0f; }
+};
+
+template <class F, int BM, int BN, int WM, int KG>
+__device__ __forceinline__ void gemmq_body(const uint8_t* __restrict__ W, int rows, int cols,
+                                           const int8_t* __restrict__ XQ, const float* __restrict__ D,
+                                           float* __restrict__ Y, int ldy, int T, const float* __restrict__ bias,
+                                           int accumulate) {
+  constexpr int WN = 8 / WM;
+  constexpr int TM = BM / WM, TN = BN / WN;  // a warp's tokens and weight rows
+  constexpr int FT = TM / 16, FN = TN / 8;   // its m16 and n8 tiles
+  static_assert(FT >= 1 && FN >= 2 && FN % 2 == 0 && TM % 16 == 0 && TN % 16 == 0, "warp tile");
+  constexpr int LDS = KG * 32 + 16;                         // bytes a shared row
+  constexpr int UW = BN * KG * 2 / GQ_THREADS;              // weight units a thread
+  constexpr int UX = BM * KG * 2 / GQ_THREADS;              // 16-byte quant units a thread
+  static_assert(UW >= 1 && UX >= 1 && UW * GQ_THREADS == BN * KG * 2 && UX * GQ_THREADS == BM * KG * 2, "stagers");
+  static_assert(BM * KG <= GQ_THREADS, "one d a thread");
+  constexpr int OFF_B = BM * LDS, OFF_D = OFF_B + BN * LDS, OFF_R = OFF_D + BM * KG * 4;
+  constexpr int STAGE = OFF_R + BN * KG * 4;
+  static_assert(STAGE % 16 == 0, "stage alignment");
+  __shared__ __align__(128) uint8_t sm[2 * STAGE];
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int o0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
+  const int wm = (warp / WN) * TM, wn = (warp % WN) * TN;
+  const int nb = cols / 32, nk = (nb + KG - 1) / KG;
+
+  // Unit u of a stage: row u / (2·KG), group (u / 2) % KG, half u % 2.
+  F w[UW];
+#pragma unroll
+  for (int j = 0; j < UW; j++) w[j].init(W, rows, cols, o0 + (tid + GQ_THREADS * j) / (2 * KG));
+  uint4 xv[UX];
+  float dv = 0.0f;
+  const int8_t* xrow[UX];
+#pragma unroll
+  for (int j = 0; j < UX; j++) xrow[j] = XQ + (size_t)min(t0 + (tid + GQ_THREADS * j) / (2 * KG), T - 1) * cols;
+  const int dt = min(t0 + tid / KG, T - 1), dg = tid % KG;
+  auto loadW = [&](int s) {
+#pragma unroll
+    for (int j = 0; j < UW; j++) {
+      const int u = tid + GQ_THREADS * j;
+      w[j].load(nb, s * KG + (u / 2) % KG, u & 1);
+    }
+  };
+  auto loadX = [&](int s) {
+#pragma unroll
+    for (int j = 0; j < UX; j++) {
+      const int u = tid + GQ_THREADS * j, g = s * KG + (u / 2) % KG;
+      xv[j] = g < nb ? *reinterpret_cast<const uint4*>(xrow[j] + (size_t)g * 32 + (u & 1) * 16) : make_uint4(0, 0, 0, 0);
+    }
+    if (tid < BM * KG) dv = s * KG + dg < nb ? D[(size_t)dt * nb + s * KG + dg] : 0.0f;
+  };
+  auto store = [&](uint8_t* st) {
+#pragma unroll
+    for (int j = 0; j < UW; j++) {
+      const int u = tid + GQ_THREADS * j, r = u / (2 * KG), g = (u / 2) % KG;
+      w[j].store(st + OFF_B + r * LDS + g * 32 + (u & 1) * 16, reinterpret_cast<float*>(st + OFF_R) + g * BN + r, u & 1);
+    }
+#pragma unroll
+    for (int j = 0; j < UX; j++) {
+      const int u = tid + GQ_THREADS * j, r = u / (2 * KG), g = (u / 2) % KG;
+      *reinterpret_cast<uint4*>(st + r * LDS + g * 32 + (u & 1) * 16) = xv[j];
+    }
+    if (tid < BM * KG) reinterpret_cast<float*>(st + OFF_D)[dg * BM + tid / KG] = dv;
+  };
+
+  // acc[i][n]: tokens wm+16i+g (+8 for [2], [3]), weight rows wn+8n+2q
+  // (+1 for [1], [3]), g = lane/4, q = lane%4.
+  float acc[FT][FN][4];
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < FN; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
+  const int arow = (wm + (lane & 15)) * LDS + (lane >> 4) * 16;
+  const int brow = (wn + (lane & 7) + (lane >> 4) * 8) * LDS + ((lane >> 3) & 1) * 16;
+  const int g4 = lane >> 2, q4 = lane & 3;
+
+  loadW(0);  // weights never depend on the previous kernel
+  pdl_wait();
+  loadX(0);
+  store(sm);
+  __syncthreads();
+  for (int s = 0; s < nk; s++) {
+    const uint8_t* st = sm + (s & 1) * STAGE;
+    const bool more = s + 1 < nk;
+    if (more) {
+      loadW(s + 1);
+      loadX(s + 1);
+    }
+#pragma unroll
+    for (int kg = 0; kg < KG; kg++) {
+      uint32_t fa[FT][4], fb[FN / 2][4];
+#pragma unroll
+      for (int i = 0; i < FT; i++) gq_ldsm4(fa[i], st + arow + 16 * i * LDS + kg * 32);
+#pragma unroll
+      for (int p = 0; p < FN / 2; p++) gq_ldsm4(fb[p], st + OFF_B + brow + 16 * p * LDS + kg * 32);
+      const float* sd = reinterpret_cast<const float*>(st + OFF_D) + kg * BM + wm + g4;
+      const float* sr = reinterpret_cast<const float*>(st + OFF_R) + kg * BN + wn + 2 * q4;
+      float rs[FN][2];
+#pragma unroll
+      for (int n = 0; n < FN; n++) {
+        rs[n][0] = F::kRung ? sr[8 * n] : 1.0f;
+        rs[n][1] = F::kRung ? sr[8 * n + 1] : 1.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < FT; i++) {
+        const float d0 = sd[16 * i], d1 = sd[16 * i + 8];
+#pragma unroll
+        for (int n = 0; n < FN; n++) {
+          int c[4];
+          gq_mma(c, fa[i], fb[n >> 1][(n & 1) * 2], fb[n >> 1][(n & 1) * 2 + 1]);
+          acc[i][n][0] += gq_f(c[0]) * (d0 * rs[n][0]);
+          acc[i][n][1] += gq_f(c[1]) * (d0 * rs[n][1]);
+          acc[i][n][2] += gq_f(c[2]) * (d1 * rs[n][0]);
+          acc[i][n][3] += gq_f(c[3]) * (d1 * rs[n][1]);
+        }
+      }
+    }
+    if (more) store(sm + ((s + 1) & 1) * STAGE);  // last read before the previous barrier
+    __syncthreads();
+  }
+
+  // Epilogue straight from the fragments: each thread holds rows o, o+1
+  // of tokens t, t+8 per tile.
+#pragma unroll
+  for (int n = 0; n < FN; n++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int o = o0 + wn + 8 * n + 2 * q4 + h;
+      if (o >= rows) continue;
+      const float sc = F::scale(W, rows, cols, o), bv = bias ? bias[o] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < FT; i++) {
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          const int t = t0 + wm + 16 * i + g4 + 8 * u;
+          if (t >= T) continue;
+          float v = acc[i][n][2 * u + h] * sc + bv;
+          float* y = Y + (size_t)t * ldy + o;
+          if (accumulate) v += *y;
+          *y = v;
+        }
+      }
+    }
+  }
+}
+
+#define GEMMQ_PARAMS                                                                                       \
+  const uint8_t *__restrict__ W, int rows, int cols, const int8_t *__restrict__ XQ, const float *__restrict__ D, \
+      float *__restrict__ Y, int ldy, int T, const float *__restrict__ bias, int accumulate
+#define GEMMQ_ARGS W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate
+// MB*: blocks per SM each tile is compiled for (2 caps it at 128
+// registers; 1 where 128 would spill).
+#define GEMMQ_KERNELS(name, F, MB, MBT, MBD)                                                       \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, MB) gemmq_##name(GEMMQ_PARAMS) {        \
+    gemmq_body<F, 128, 128, 2, 1>(GEMMQ_ARGS);                                                     \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, MBT) gemmq_##name##_t64(GEMMQ_PARAMS) { \
+    gemmq_body<F, 64, 128, 2, 2>(GEMMQ_ARGS);                                                      \
+  }                                                                                                \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, MBD) gemmq_##name##_d64(GEMMQ_PARAMS) { \
+    gemmq_body<F, 64, 32, 4, 4>(GEMMQ_ARGS);                                                       \
+  }
+
+GEMMQ_KERNELS(q8row, GemmQQ8, 1, 2, 2)
+GEMMQ_KERNELS(q4tp, GemmQQ4TP, 1, 1, 2)

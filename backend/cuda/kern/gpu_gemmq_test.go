@@ -1,0 +1,276 @@
+package kern_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// gemmqTiles are gemmq.cu's tiles: kernel suffix, weight rows and tokens a block.
+var gemmqTiles = []struct {
+	suffix string
+	bn, bm int
+}{{"", 128, 128}, {"_t64", 128, 64}, {"_d64", 32, 64}}
+
+// TestGPUGemmQParity: the int8 tensor-core GEMM (gemmq_actq, then every
+// tile of gemmq_<fmt>: the one GemmQKernel picks through the launcher and
+// the other two launched directly on the same quants) for q8_row and q4tp,
+// rows 37/130/4096 × cols 96/1056/4096 (96: fewer groups than a _d64
+// stage; 1056: 33 groups, a partial stage for _t64 and _d64), T = 1, 9,
+// 16, 64, 100, 512, store and bias+accumulate, against float64 sums of
+// quant.Decode's weights × kern.ActQuant's activations, tolerance 1e-5 of
+// the sum of |terms| (TestGPUMatvecParity's). The quants and scales
+// gemmq_actq writes are checked against kern.ActQuant exactly (q4tp's in
+// their documented order), and Y's padding columns and the rows past T
+// must be left as they were. For 4096 × 4096 every 7th weight row (and
+// the last) is checked, to keep the float64 reference short.
+// CORTIQ_GEMMQ_SMALL=1 keeps the shapes of fewer than 4096 columns and
+// rows (scripts/gpu-check's run under compute-sanitizer).
+func TestGPUGemmQParity(t *testing.T) {
+	g := newGPU(t)
+	r := rng(21)
+	shapes := [][2]int{{37, 96}, {130, 1056}, {4096, 4096}, {130, 4096}, {4096, 96}}
+	if os.Getenv("CORTIQ_GEMMQ_SMALL") == "1" {
+		shapes = shapes[:2]
+	}
+	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+		fam := kernName[dt]
+		for _, sh := range shapes {
+			rows, cols := sh[0], sh[1]
+			w := r.vec(rows*cols, 0.05)
+			wb, err := quant.Encode(dt, w, []int{rows, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+			dW := g.upload(wb)
+			const maxT = 512
+			ldx, ldy := cols+4, rows+3
+			x := r.vec(maxT*ldx, 1)
+			dx := g.f32(x)
+			bias := r.vec(rows, 0.1)
+			dbias := g.f32(bias)
+			nq, ns := kern.GemmQScratch(cols, maxT)
+			dq, dd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
+			xe := make([][]float64, maxT)
+			for ti := range maxT {
+				xe[ti] = kern.ActQuant(x[ti*ldx : ti*ldx+cols])
+			}
+			check := func(o int) bool { return rows < 4096 || o%7 == 0 || o == rows-1 }
+			// The products of every token (they do not depend on T).
+			ref, refMag := make([]float64, maxT*rows), make([]float64, maxT*rows)
+			for ti := range maxT {
+				for o := range rows {
+					if !check(o) {
+						continue
+					}
+					var sum, mag float64
+					for i, v := range xe[ti] {
+						p := float64(wd[o*cols+i]) * v
+						sum += p
+						mag += math.Abs(p)
+					}
+					ref[ti*rows+o], refMag[ti*rows+o] = sum, mag
+				}
+			}
+			for _, T := range []int{1, 9, 16, 64, 100, 512} {
+				for _, epi := range []string{"store", "bias+accumulate"} {
+					var bp driver.DevicePtr
+					if epi != "store" {
+						bp = dbias
+					}
+					gq := kern.GemmQ{W: dW, Rows: rows, Cols: cols, X: dx, Ldx: ldx, Quants: dq, Scales: dd, Bias: bp, Accumulate: epi != "store", Ldy: ldy}
+					picked, _, _ := kern.GemmQKernel(fam, rows, T)
+					for _, tile := range gemmqTiles {
+						name := "gemmq_" + fam + tile.suffix
+						y0 := r.vec((maxT+1)*ldy, 1)
+						dy := g.f32(y0)
+						gq.Y = dy
+						if name == picked {
+							g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) })
+						} else {
+							g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) }) // the quants
+							g.write(dy, f32bytes(y0))
+							var a driver.Args
+							g.launch(name, driver.D2((rows+tile.bn-1)/tile.bn, (T+tile.bm-1)/tile.bm), driver.D1(256), 0, gq.Pack(&a, T))
+						}
+						if tile.suffix == "" && epi == "store" {
+							checkActQuant(t, g, dq, dd, xe[:T], cols, dt == quant.Q4TP)
+						}
+						got := g.readF32(dy, (maxT+1)*ldy)
+						for ti := range maxT + 1 {
+							for o := range ldy {
+								gv, y := got[ti*ldy+o], y0[ti*ldy+o]
+								if ti >= T || o >= rows {
+									if gv != y {
+										t.Fatalf("%s %dx%d T=%d %s: y[%d][%d] outside the product written", name, rows, cols, T, epi, ti, o)
+									}
+									continue
+								}
+								if !check(o) {
+									continue
+								}
+								want, mag := ref[ti*rows+o], refMag[ti*rows+o]
+								if epi != "store" {
+									want += float64(bias[o]) + float64(y)
+									mag += math.Abs(float64(bias[o])) + math.Abs(float64(y))
+								}
+								if d := math.Abs(float64(gv) - want); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+									t.Fatalf("%s %dx%d T=%d %s: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)",
+										name, rows, cols, T, epi, ti, o, gv, want, d, mag)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// checkActQuant compares gemmq_actq's quants·scales with kern.ActQuant's
+// values exactly (q4tp: each 8 quants in the order 0,2,4,6,1,3,5,7).
+func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64, cols int, perm bool) {
+	t.Helper()
+	T, nb := len(xe), cols/32
+	q := g.readBytes(dq, T*cols)
+	d := g.readF32(dd, T*nb)
+	for ti, row := range xe {
+		for k, want := range row {
+			p := k
+			if e := k & 7; perm {
+				p = k&^7 + e>>1 + 4*(e&1)
+			}
+			if got := float64(int8(q[ti*cols+p])) * float64(d[ti*nb+k/32]); got != want {
+				t.Fatalf("gemmq_actq (perm %v) row %d element %d: q·d = %g, ActQuant %g", perm, ti, k, got, want)
+			}
+		}
+	}
+}
+
+// BenchmarkGPUGemmQ times the int8 GEMM (gemmq_actq + the tile
+// GemmQKernel picks, as the forward pass queues them) on the 8B model's
+// MLP and attention shapes (14336×4096, 4096×4096) at T = 16, 64 (batched
+// decode) and 512 (prefill), q4tp and q8_row, with CUDA events over 10
+// calls a sample; "base" is the default path at the same shape (T > 8:
+// the bf16 GEMM, kern.GemmKernel's tile) for a direct comparison, and
+// tile128 / tile_t64 / tile_d64 force each int8 tile (to set
+// GemmQKernel's thresholds from one run; "mmq" is the one it picks).
+// TFLOP/s counts 2·rows·cols·T a call. The bars: 64 streams of the
+// 8B q4tp model at ≥ 7,700 tok/s aggregate (T = 64) and pp512 near
+// llama.cpp's 10,650 tok/s.
+func BenchmarkGPUGemmQ(b *testing.B) {
+	d, err := driver.Open(0)
+	if errors.Is(err, driver.ErrNoDevice) {
+		b.Skipf("no GPU: %v", err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	var m *kern.Module
+	if err := d.Do(func(c *driver.Ctx) error {
+		var err error
+		m, err = loadForTest(c, d)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	const launches = 10
+	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		for _, sh := range [][2]int{{14336, 4096}, {4096, 4096}} {
+			rows, cols := sh[0], sh[1]
+			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+			for _, T := range []int{16, 64, 512} {
+				for _, path := range []string{"mmq", "base", "tile128", "tile_t64", "tile_d64"} {
+					pick, _, _ := kern.GemmQKernel(kernName[dt], rows, T)
+					if path == "base" {
+						pick, _, _ = kern.GemmKernel(kernName[dt], rows, T)
+					}
+					b.Run(fmt.Sprintf("%s/%dx%d/T%d/%s", dt, rows, cols, T, path), func(b *testing.B) {
+						var w, x, y, q, s driver.DevicePtr
+						var e0, e1 driver.Event
+						nq, ns := kern.GemmQScratch(cols, T)
+						queue := func(c *driver.Ctx) error {
+							l := m.On(c, 0, false)
+							g := kern.GemmQ{W: w, Rows: rows, Cols: cols, X: x, Ldx: cols, Quants: q, Scales: s, Y: y, Ldy: rows}
+							switch path {
+							case "base":
+								return l.Gemm(dt, w, rows, cols, x, cols, y, rows, T, 0, false)
+							case "mmq":
+								return l.GemmQ(dt, g, T)
+							}
+							// One tile forced (gemmq_actq, then that tile): for the thresholds.
+							var qa, ga driver.Args
+							if err := m.Launch(c, "gemmq_actq", kern.ActQuantLaunch(cols, T), g.PackQuant(&qa, dt)); err != nil {
+								return err
+							}
+							tile := gemmqTiles[map[string]int{"tile128": 0, "tile_t64": 1, "tile_d64": 2}[path]]
+							cfg := driver.Config{Grid: driver.D2((rows+tile.bn-1)/tile.bn, (T+tile.bm-1)/tile.bm), Block: driver.D1(256)}
+							return m.Launch(c, "gemmq_"+kernName[dt]+tile.suffix, cfg, g.Pack(&ga, T))
+						}
+						err := d.Do(func(c *driver.Ctx) error {
+							var err error
+							if w, err = c.Alloc(nb); err != nil {
+								return err
+							}
+							c.MemsetD8(w, 0x11, nb) // finite weights in every format
+							x, _ = c.Alloc(4 * int64(T*cols))
+							y, _ = c.Alloc(4 * int64(T*rows))
+							q, _ = c.Alloc(nq)
+							s, _ = c.Alloc(ns)
+							c.MemsetD32(x, 0x3c000000, int64(T*cols))
+							e0, _ = c.NewEvent(0)
+							e1, _ = c.NewEvent(0)
+							return queue(c) // warm-up
+						})
+						defer d.Do(func(c *driver.Ctx) error {
+							c.DestroyEvent(e0)
+							c.DestroyEvent(e1)
+							for _, p := range []driver.DevicePtr{w, x, y, q} {
+								c.Free(p)
+							}
+							return c.Free(s)
+						})
+						if err != nil {
+							b.Fatal(err)
+						}
+						var ms float32
+						for b.Loop() {
+							err := d.Do(func(c *driver.Ctx) error {
+								c.Record(e0, 0)
+								for range launches {
+									if err := queue(c); err != nil {
+										return err
+									}
+								}
+								c.Record(e1, 0)
+								if err := c.EventSync(e1); err != nil {
+									return err
+								}
+								t, err := c.Elapsed(e0, e1)
+								ms += t
+								return err
+							})
+							if err != nil {
+								b.Fatal(err)
+							}
+						}
+						flops := 2 * float64(rows) * float64(cols) * float64(T)
+						sec := float64(ms) / 1e3
+						b.SetBytes(nb * launches)
+						b.ReportMetric(flops*launches*float64(b.N)/sec/1e12, "TFLOP/s")
+						b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/call")
+						b.Logf("%s (the default path's kernel, or the int8 tile GemmQKernel picks: %s)", path, pick)
+					})
+				}
+			}
+		}
+	}
+}
