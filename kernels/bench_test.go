@@ -333,3 +333,32 @@ func decodeModel(b *testing.B, d quant.DType) ([]*Mat, int64) {
 	add(quant.Q8Row, 128256, 2048)
 	return ms, bytes
 }
+
+// BenchmarkSmallBatch is Pool.MatMul with one worker at the decode batch
+// sizes of a server (n sequences, one position each) on the 1B shapes:
+// GMAC/s of the kernel in use, the figure that bounds batched decode.
+//
+//	go test ./kernels -run XXX -bench SmallBatch -benchtime 200x
+func BenchmarkSmallBatch(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 5))
+	p := NewPool(1)
+	defer p.Close()
+	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		for _, sh := range [][2]int{{2048, 2048}, {2048, 8192}} {
+			m := benchMat(b, r, d, sh[0], sh[1])
+			for _, n := range []int{2, 4, 8, 16} {
+				X, Y := randVec(r, n*sh[1]), make([]float32, n*sh[0])
+				for _, k := range smallBatchKernels(d) {
+					b.Run(fmt.Sprintf("%s/%s%s/%dx%d/n%d", ISA(), d, k.name, sh[0], sh[1], n), func(b *testing.B) {
+						defer k.use()()
+						b.SetBytes(int64(len(m.Data)))
+						for b.Loop() {
+							p.MatMul(m, X, n, Y)
+						}
+						b.ReportMetric(float64(n*sh[0]*sh[1])*float64(b.N)/b.Elapsed().Seconds()/1e9, "GMAC/s")
+					})
+				}
+			}
+		}
+	}
+}

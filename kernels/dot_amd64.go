@@ -168,6 +168,29 @@ func q4tpMM4AVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32,
 // q4tpScratchBytes is the size of an unpacked block of four rows.
 func q4tpScratchBytes(gpr int) int { return (gpr+3)/4*512 + (gpr+15)/16*256 }
 
+// q4tpUnpack4TAVX512 is q4tpUnpack4AVX512 in the transposed layout of
+// q4tpMM4TAVX512 (gpr a multiple of 16, q4tpScratchTBytes(gpr) bytes).
+//
+//go:noescape
+func q4tpUnpack4TAVX512(rows *[4]q4row, gpr int, dst *byte)
+
+// q4tpMM4TAVX512 is q4tpMM4AVX512 for a block unpacked by
+// q4tpUnpack4TAVX512: one int32 lane per group and position collects the
+// group's 32 products, so each group is converted and scaled once (the
+// small-batch decode kernel: 8 VPDPBUSDs per conversion instead of 2).
+//
+//go:noescape
+func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+
+// q4tpScratchTBytes is the size of a transposed block of four rows.
+func q4tpScratchTBytes(gpr int) int { return gpr / 16 * 2304 }
+
+// q4tpTransposed says whether MatMul runs the transposed kernels on rows
+// of gpr groups for n positions (a variable so tests and benchmarks can
+// run the other pair as well). Their unpacking costs more (a transpose
+// per 16 groups), which 2 positions do not repay.
+var q4tpTransposed = func(gpr, n int) bool { return gpr%16 == 0 && n >= 4 }
+
 // mmTileBytes bounds the quantized inputs one pass over a row block
 // reads, so that they stay in L2.
 const mmTileBytes = 256 << 10
@@ -178,7 +201,10 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 	gpr := m.Cols / quant.GroupSize
 	nb := 16 * gpr
 	rows, n := m.Rows, x.n
-	need := q4tpScratchBytes(gpr)
+	unpack, mm, need := q4tpUnpack4AVX512, q4tpMM4AVX512, q4tpScratchBytes(gpr)
+	if q4tpTransposed(gpr, n) {
+		unpack, mm, need = q4tpUnpack4TAVX512, q4tpMM4TAVX512, q4tpScratchTBytes(gpr)
+	}
 	if cap(*scratch) < need {
 		*scratch = make([]byte, need)
 	}
@@ -195,12 +221,12 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 			for i := range rs {
 				rs[i] = q4rowAt(m, r+i, &lad[i])
 			}
-			q4tpUnpack4AVX512(&rs, gpr, &buf[0])
+			unpack(&rs, gpr, &buf[0])
 			if (r+8)*nb <= len(m.Data) {
 				// The next block's nibbles arrive while this one runs.
 				prefetchL2(&m.Data[(r+4)*nb], 4*nb)
 			}
-			q4tpMM4AVX512(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
+			mm(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {

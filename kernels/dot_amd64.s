@@ -1333,3 +1333,213 @@ m8chunk:
 m8done:
 	VZEROUPPER
 	RET
+
+// Transposed q4tp blocks for small batches (q4tpUnpack4TAVX512 and
+// q4tpMM4TAVX512, rows of a multiple of 16 groups). The 256 nibble bytes
+// of a row's 16 groups, read as four registers R0..R3 of 4 groups (one per
+// 128-bit lane k, 4 dwords i each), are transposed in each 128-bit lane
+// (Q_i lane k dword c = R_c lane k dword i), so that every dword lane
+// 4k+c of the 8 registers (Q_i's low and high nibbles) holds 4 weights of
+// group 4c+k: one int32 lane per group collects the group's whole dot in
+// 8 VPDPBUSDs and is converted and scaled once, instead of once per 2.
+// The inputs (qNib chunks, whose 64-byte halves are laid out as the
+// nibble bytes) take the same transpose, and the per-group scales and
+// biases the lane permutation lanesT.
+
+// lanesT[L] = 4·(L mod 4) + L/4: the group held by dword lane L.
+DATA lanesT<>+0x00(SB)/8, $0x0000000400000000
+DATA lanesT<>+0x08(SB)/8, $0x0000000c00000008
+DATA lanesT<>+0x10(SB)/8, $0x0000000500000001
+DATA lanesT<>+0x18(SB)/8, $0x0000000d00000009
+DATA lanesT<>+0x20(SB)/8, $0x0000000600000002
+DATA lanesT<>+0x28(SB)/8, $0x0000000e0000000a
+DATA lanesT<>+0x30(SB)/8, $0x0000000700000003
+DATA lanesT<>+0x38(SB)/8, $0x0000000f0000000b
+GLOBL lanesT<>(SB), RODATA|NOPTR, $64
+
+// XPOSE4 transposes the dwords of a, b, c, d in each 128-bit lane (a, b,
+// c, d become Q0..Q3; t0..t3 clobbered).
+#define XPOSE4(a, b, c, d, t0, t1, t2, t3) \
+	VPUNPCKLDQ  b, a, t0; \
+	VPUNPCKHDQ  b, a, t1; \
+	VPUNPCKLDQ  d, c, t2; \
+	VPUNPCKHDQ  d, c, t3; \
+	VPUNPCKLQDQ t2, t0, a; \
+	VPUNPCKHQDQ t2, t0, b; \
+	VPUNPCKLQDQ t3, t1, c; \
+	VPUNPCKHQDQ t3, t1, d
+
+// Q4TSPLIT stores the low nibbles of q at lo(DI), the high ones at hi(DI).
+#define Q4TSPLIT(q, lo, hi) \
+	VGF2P8AFFINEQB.BCST $0, gfShr4<>(SB), q, Z8; \
+	VPANDD              Z31, q, q; \
+	VMOVDQU64           q, lo(DI); \
+	VMOVDQU64           Z8, hi(DI)
+
+// Q4TROW unpacks 16 groups of the row at p into 512 bytes at off(DI):
+// register t = 2i (low nibbles of Q_i) or 2i+1 (high) at off + 64t.
+#define Q4TROW(p, o0, o1, o2, o3, o4, o5, o6, o7) \
+	VMOVDQU64 (p), Z0; \
+	VMOVDQU64 64(p), Z1; \
+	VMOVDQU64 128(p), Z2; \
+	VMOVDQU64 192(p), Z3; \
+	XPOSE4(Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7); \
+	Q4TSPLIT(Z0, o0, o1); \
+	Q4TSPLIT(Z1, o2, o3); \
+	Q4TSPLIT(Z2, o4, o5); \
+	Q4TSPLIT(Z3, o6, o7)
+
+// Q4TRUNGS stores a row's 16 rungs in lanesT order at off(DI).
+#define Q4TRUNGS(coff, loff, off) \
+	MOVQ            coff(DX), AX; \
+	VBROADCASTI32X4 (AX)(SI*1), Z10; \
+	VPSHUFB         Z28, Z10, Z10; \
+	VPSRLVD         Z29, Z10, Z10; \
+	MOVQ            loff(DX), AX; \
+	VMOVUPS         (AX), Z30; \
+	VPERMI2PS       64(AX), Z30, Z10; \
+	VPERMPS         Z10, Z27, Z10; \
+	VMOVUPS         Z10, off(DI)
+
+// func q4tpUnpack4TAVX512(rows *[4]q4row, gpr int, dst *byte)
+//
+// gpr is a multiple of 16. Per 16 groups, dst gets 2304 bytes: each row's
+// 512 unpacked bytes, then each row's 16 rungs (64 bytes) in lanesT order.
+TEXT ·q4tpUnpack4TAVX512(SB), NOSPLIT, $0-24
+	MOVQ rows+0(FP), DX
+	LADDERS
+	MOVQ 0(DX), R8
+	MOVQ 32(DX), R9
+	MOVQ 64(DX), R10
+	MOVQ 96(DX), R11
+	MOVQ gpr+8(FP), CX
+	SHRQ $4, CX
+	MOVQ dst+16(FP), DI
+	MOVL         $0x0f0f0f0f, AX
+	VPBROADCASTD AX, Z31
+	VMOVDQU32    codeBytes<>(SB), Z28
+	VMOVDQU32    codeShift16<>(SB), Z29
+	VMOVDQU32    lanesT<>(SB), Z27
+	XORQ         SI, SI
+
+ut:
+	Q4TROW(R8, 0, 64, 128, 192, 256, 320, 384, 448)
+	Q4TROW(R9, 512, 576, 640, 704, 768, 832, 896, 960)
+	Q4TROW(R10, 1024, 1088, 1152, 1216, 1280, 1344, 1408, 1472)
+	Q4TROW(R11, 1536, 1600, 1664, 1728, 1792, 1856, 1920, 1984)
+	Q4TRUNGS(8, 16, 2048)
+	Q4TRUNGS(40, 48, 2112)
+	Q4TRUNGS(72, 80, 2176)
+	Q4TRUNGS(104, 112, 2240)
+	ADDQ $256, R8
+	ADDQ $256, R9
+	ADDQ $256, R10
+	ADDQ $256, R11
+	ADDQ $10, SI
+	ADDQ $2304, DI
+	DECQ CX
+	JNZ  ut
+
+	VZEROUPPER
+	RET
+
+// Q4TSTEP is input register x against register t of the four rows (at
+// off + 512i of R8) into the int32 accumulators a0..a3.
+#define Q4TSTEP(x, off, a0, a1, a2, a3) \
+	VMOVDQU64 off(R8), Z22; \
+	VMOVDQU64 off+512(R8), Z23; \
+	VMOVDQU64 off+1024(R8), Z24; \
+	VMOVDQU64 off+1536(R8), Z25; \
+	VPDPBUSD  x, Z22, a0; \
+	VPDPBUSD  x, Z23, a1; \
+	VPDPBUSD  x, Z24, a2; \
+	VPDPBUSD  x, Z25, a3
+
+// Q4TSCALE adds row i's 16 group sums (a + b, int32) times its rungs (at
+// roff(R8)) and the input's block scales Z20 to the accumulator acc.
+#define Q4TSCALE(a, b, roff, acc) \
+	VPADDD      b, a, a; \
+	VCVTDQ2PS   a, a; \
+	VMULPS      roff(R8), Z20, b; \
+	VFMADD231PS b, a, acc
+
+// func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+//
+// q4tpMM4AVX512 for a block unpacked by q4tpUnpack4TAVX512.
+TEXT ·q4tpMM4TAVX512(SB), NOSPLIT, $0-80
+	MOVQ      x+16(FP), SI
+	MOVQ      d+32(FP), BX
+	MOVQ      s+40(FP), DX
+	MOVQ      npos+56(FP), R10
+	MOVQ      out+64(FP), R11
+	MOVQ      gpr+8(FP), R9
+	SHRQ      $4, R9
+	VMOVDQU32 lanesT<>(SB), Z27
+
+tpos:
+	TESTQ  R10, R10
+	JZ     tdone
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   w+0(FP), R8
+	MOVQ   SI, DI
+	MOVQ   BX, R12
+	MOVQ   DX, R13
+	MOVQ   R9, CX
+
+tsuper:
+	// The input's 16 groups: even halves -> X0, X2, X4, X6 (Z4..Z7),
+	// odd halves -> X1, X3, X5, X7 (Z8..Z11).
+	VMOVDQU64 (DI), Z4
+	VMOVDQU64 128(DI), Z5
+	VMOVDQU64 256(DI), Z6
+	VMOVDQU64 384(DI), Z7
+	XPOSE4(Z4, Z5, Z6, Z7, Z28, Z29, Z30, Z31)
+	VMOVDQU64 64(DI), Z8
+	VMOVDQU64 192(DI), Z9
+	VMOVDQU64 320(DI), Z10
+	VMOVDQU64 448(DI), Z11
+	XPOSE4(Z8, Z9, Z10, Z11, Z28, Z29, Z30, Z31)
+	VPERMPS   (R12), Z27, Z20
+	VPERMD    (R13), Z27, Z21
+	VMOVDQA64 Z21, Z12
+	VMOVDQA64 Z21, Z13
+	VMOVDQA64 Z21, Z14
+	VMOVDQA64 Z21, Z15
+	VPXORD    Z16, Z16, Z16
+	VPXORD    Z17, Z17, Z17
+	VPXORD    Z18, Z18, Z18
+	VPXORD    Z19, Z19, Z19
+	Q4TSTEP(Z4, 0, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z8, 64, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z5, 128, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z9, 192, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z6, 256, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z10, 320, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z7, 384, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z11, 448, Z16, Z17, Z18, Z19)
+	Q4TSCALE(Z12, Z16, 2048, Z0)
+	Q4TSCALE(Z13, Z17, 2112, Z1)
+	Q4TSCALE(Z14, Z18, 2176, Z2)
+	Q4TSCALE(Z15, Z19, 2240, Z3)
+	ADDQ      $2304, R8
+	ADDQ      $512, DI
+	ADDQ      $64, R12
+	ADDQ      $64, R13
+	DECQ      CX
+	JNZ       tsuper
+
+	HSUM4
+	VMOVUPS X0, (R11)
+	ADDQ    ostride+72(FP), R11
+	ADDQ    xstride+24(FP), SI
+	ADDQ    bstride+48(FP), BX
+	ADDQ    bstride+48(FP), DX
+	DECQ    R10
+	JMP     tpos
+
+tdone:
+	VZEROUPPER
+	RET
