@@ -182,8 +182,68 @@ func q4tpUnpack4TAVX512(rows *[4]q4row, gpr int, dst *byte)
 //go:noescape
 func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
 
+// q4tpXposeAVX512 writes one input of nsc·16 groups in qNib layout (x, d,
+// s) transposed for q4tpMM4TXAVX512 to dst (nsc·640 bytes: the inputs,
+// then the scales, then the biases, each 16 groups in lanesT order).
+//
+//go:noescape
+func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
+
+// q4tpMM4TXAVX512 is q4tpMM4TAVX512 for inputs transposed by
+// q4tpXposeAVX512 (d and s pointing at their scales and biases).
+//
+//go:noescape
+func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+
 // q4tpScratchTBytes is the size of a transposed block of four rows.
 func q4tpScratchTBytes(gpr int) int { return gpr / 16 * 2304 }
+
+// q4tpMatMulTAVX512 is q4tpMatMulAVX512 through the transposed kernels:
+// the worker transposes each tile's inputs once (a few µs), then every
+// block of four rows is unpacked transposed and run over the tile.
+func q4tpMatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
+	gpr := m.Cols / quant.GroupSize
+	nb, nsc := 16*gpr, gpr/16
+	rows, n := m.Rows, x.n
+	xs := 640 * nsc // one transposed position
+	tile := max(1, mmTileBytes/xs)
+	wb := q4tpScratchTBytes(gpr)
+	need := wb + min(tile, n)*xs
+	if cap(*scratch) < need {
+		*scratch = make([]byte, need)
+	}
+	buf := (*scratch)[:need]
+	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
+	_, _ = m.Data[hi*nb-1], y[:n*rows]
+	xt := buf[wb:]
+	var rs [4]q4row
+	var lad [4][32]float32
+	for j0 := 0; j0 < n; j0 += tile {
+		nt := min(tile, n-j0)
+		for j := range nt {
+			v := x.pos(j0 + j)
+			q4tpXposeAVX512(&v.q[0], &v.d[0], &v.s[0], nsc, &xt[j*xs])
+		}
+		d := (*float32)(unsafe.Pointer(&xt[512*nsc]))
+		s := (*int32)(unsafe.Pointer(&xt[576*nsc]))
+		r := lo
+		for ; r+4 <= hi; r += 4 {
+			for i := range rs {
+				rs[i] = q4rowAt(m, r+i, &lad[i])
+			}
+			q4tpUnpack4TAVX512(&rs, gpr, &buf[0])
+			if (r+8)*nb <= len(m.Data) {
+				prefetchL2(&m.Data[(r+4)*nb], 4*nb)
+			}
+			q4tpMM4TXAVX512(&buf[0], gpr, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows)
+		}
+		if r < hi {
+			for j := j0; j < j0+nt; j++ {
+				q4tpRowsAVX512(m, r, hi, x.pos(j), y[j*rows:(j+1)*rows])
+			}
+		}
+	}
+}
 
 // q4tpTransposed says whether MatMul runs the transposed kernels on rows
 // of gpr groups for n positions (a variable so tests and benchmarks can
@@ -201,10 +261,11 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 	gpr := m.Cols / quant.GroupSize
 	nb := 16 * gpr
 	rows, n := m.Rows, x.n
-	unpack, mm, need := q4tpUnpack4AVX512, q4tpMM4AVX512, q4tpScratchBytes(gpr)
 	if q4tpTransposed(gpr, n) {
-		unpack, mm, need = q4tpUnpack4TAVX512, q4tpMM4TAVX512, q4tpScratchTBytes(gpr)
+		q4tpMatMulTAVX512(m, lo, hi, x, y, scratch)
+		return
 	}
+	need := q4tpScratchBytes(gpr)
 	if cap(*scratch) < need {
 		*scratch = make([]byte, need)
 	}
@@ -221,12 +282,12 @@ func q4tpMatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byt
 			for i := range rs {
 				rs[i] = q4rowAt(m, r+i, &lad[i])
 			}
-			unpack(&rs, gpr, &buf[0])
+			q4tpUnpack4AVX512(&rs, gpr, &buf[0])
 			if (r+8)*nb <= len(m.Data) {
 				// The next block's nibbles arrive while this one runs.
 				prefetchL2(&m.Data[(r+4)*nb], 4*nb)
 			}
-			mm(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
+			q4tpMM4AVX512(&buf[0], gpr, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows)
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {
@@ -335,6 +396,10 @@ func q8MM4AVX512(w *byte, chunks int, x *byte, xstride int, d *float32, s *int32
 // positions.
 func q8MatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
 	c := m.Cols
+	if q8Transposed(c, x.n) {
+		q8MatMulTAVX512(m, lo, hi, x, y, scratch)
+		return
+	}
 	chunks := (c + 63) / 64
 	rows, n := m.Rows, x.n
 	need := 256 * chunks
@@ -356,6 +421,76 @@ func q8MatMulAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte)
 			}
 			copy(sc[:], m.scale[r:r+4])
 			q8MM4AVX512(&buf[0], chunks, &x.q[j0*x.qstride], x.qstride, &x.d[j0*x.bstride], &x.s[j0*x.bstride], 4*x.bstride, nt, &y[j0*rows+r], 4*rows, &sc)
+		}
+		if r < hi {
+			for j := j0; j < j0+nt; j++ {
+				q8RowsAVX512(m, r, hi, x.pos(j), y[j*rows:(j+1)*rows])
+			}
+		}
+	}
+}
+
+// q8Unpack4TAVX512 writes the four rows at w (stride bytes apart) of sb
+// 512-column blocks, top bits flipped, transposed for q8MM4TAVX512 to dst
+// (2048·sb bytes).
+//
+//go:noescape
+func q8Unpack4TAVX512(w *byte, stride, sb int, dst *byte)
+
+// q8XposeAVX512 writes one input of sb 512-column blocks in qPlain layout
+// (x, d, s) transposed for q8MM4TAVX512 to dst (768·sb bytes: the inputs,
+// then the scales, then the biases).
+//
+//go:noescape
+func q8XposeAVX512(x *byte, d *float32, s *int32, sb int, dst *byte)
+
+// q8MM4TAVX512 is q8MM4AVX512 for a block unpacked by q8Unpack4TAVX512
+// and inputs transposed by q8XposeAVX512 (d and s pointing at their
+// scales and biases): two int32 lanes per block and position collect the
+// block's 32 products, converted and scaled once per 4 VPDPBUSDs instead
+// of once per VPDPBUSD.
+//
+//go:noescape
+func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+
+// q8Transposed says whether MatMul runs the transposed q8 kernels on rows
+// of c columns for n positions (a variable for the tests and benchmarks).
+var q8Transposed = func(c, n int) bool { return c%512 == 0 && n >= 4 }
+
+// q8MatMulTAVX512 is q8MatMulAVX512 through the transposed kernels (c a
+// multiple of 512): each tile's inputs are transposed once per worker.
+func q8MatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
+	c := m.Cols
+	sb := c / 512
+	rows, n := m.Rows, x.n
+	xs := 768 * sb
+	tile := max(1, mmTileBytes/xs)
+	wb := 2048 * sb
+	need := wb + min(tile, n)*xs
+	if cap(*scratch) < need {
+		*scratch = make([]byte, need)
+	}
+	buf := (*scratch)[:need]
+	_, _, _ = x.q[n*x.qstride-1], x.d[n*x.bstride-1], x.s[n*x.bstride-1]
+	_, _, _ = m.Data[hi*c-1], m.scale[hi-1], y[:n*rows]
+	xt := buf[wb:]
+	var sc [4]float32
+	for j0 := 0; j0 < n; j0 += tile {
+		nt := min(tile, n-j0)
+		for j := range nt {
+			v := x.pos(j0 + j)
+			q8XposeAVX512(&v.q[0], &v.d[0], &v.s[0], sb, &xt[j*xs])
+		}
+		d := (*float32)(unsafe.Pointer(&xt[512*sb]))
+		s := (*int32)(unsafe.Pointer(&xt[640*sb]))
+		r := lo
+		for ; r+4 <= hi; r += 4 {
+			q8Unpack4TAVX512(&m.Data[r*c], c, sb, &buf[0])
+			if (r+8)*c <= len(m.Data) {
+				prefetchL2(&m.Data[(r+4)*c], 4*c)
+			}
+			copy(sc[:], m.scale[r:r+4])
+			q8MM4TAVX512(&buf[0], sb, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, &sc)
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {

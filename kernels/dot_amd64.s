@@ -1543,3 +1543,375 @@ tsuper:
 tdone:
 	VZEROUPPER
 	RET
+
+// func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
+//
+// Writes one qNib input of nsc·16 groups in the layout of q4tpMM4TXAVX512
+// to dst: per 16 groups the 8 transposed input registers X0..X7 (512
+// bytes), then the nsc·16 block scales and biases in lanesT order.
+TEXT ·q4tpXposeAVX512(SB), NOSPLIT, $0-40
+	MOVQ      x+0(FP), SI
+	MOVQ      d+8(FP), BX
+	MOVQ      s+16(FP), DX
+	MOVQ      nsc+24(FP), CX
+	MOVQ      dst+32(FP), DI
+	MOVQ      CX, R8
+	SHLQ      $9, R8
+	ADDQ      DI, R8 // scales
+	MOVQ      CX, R9
+	SHLQ      $6, R9
+	ADDQ      R8, R9 // biases
+	VMOVDQU32 lanesT<>(SB), Z27
+
+xt:
+	VMOVDQU64 (SI), Z4
+	VMOVDQU64 128(SI), Z5
+	VMOVDQU64 256(SI), Z6
+	VMOVDQU64 384(SI), Z7
+	XPOSE4(Z4, Z5, Z6, Z7, Z28, Z29, Z30, Z31)
+	VMOVDQU64 64(SI), Z8
+	VMOVDQU64 192(SI), Z9
+	VMOVDQU64 320(SI), Z10
+	VMOVDQU64 448(SI), Z11
+	XPOSE4(Z8, Z9, Z10, Z11, Z28, Z29, Z30, Z31)
+	VMOVDQU64 Z4, (DI)
+	VMOVDQU64 Z8, 64(DI)
+	VMOVDQU64 Z5, 128(DI)
+	VMOVDQU64 Z9, 192(DI)
+	VMOVDQU64 Z6, 256(DI)
+	VMOVDQU64 Z10, 320(DI)
+	VMOVDQU64 Z7, 384(DI)
+	VMOVDQU64 Z11, 448(DI)
+	VPERMPS   (BX), Z27, Z20
+	VPERMD    (DX), Z27, Z21
+	VMOVUPS   Z20, (R8)
+	VMOVDQU32 Z21, (R9)
+	ADDQ      $512, SI
+	ADDQ      $512, DI
+	ADDQ      $64, BX
+	ADDQ      $64, DX
+	ADDQ      $64, R8
+	ADDQ      $64, R9
+	DECQ      CX
+	JNZ       xt
+
+	VZEROUPPER
+	RET
+
+// func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+//
+// q4tpMM4TAVX512 for inputs already transposed by q4tpXposeAVX512 (x, d
+// and s of position j at + j·xstride, + j·bstride bytes).
+TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-80
+	MOVQ x+16(FP), SI
+	MOVQ d+32(FP), BX
+	MOVQ s+40(FP), DX
+	MOVQ npos+56(FP), R10
+	MOVQ out+64(FP), R11
+	MOVQ gpr+8(FP), R9
+	SHRQ $4, R9
+
+xpos:
+	TESTQ  R10, R10
+	JZ     xdone
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   w+0(FP), R8
+	MOVQ   SI, DI
+	MOVQ   BX, R12
+	MOVQ   DX, R13
+	MOVQ   R9, CX
+
+xsuper:
+	VMOVDQU64 (DI), Z4
+	VMOVDQU64 64(DI), Z8
+	VMOVDQU64 128(DI), Z5
+	VMOVDQU64 192(DI), Z9
+	VMOVDQU64 256(DI), Z6
+	VMOVDQU64 320(DI), Z10
+	VMOVDQU64 384(DI), Z7
+	VMOVDQU64 448(DI), Z11
+	VMOVUPS   (R12), Z20
+	VMOVDQU32 (R13), Z12
+	VMOVDQA64 Z12, Z13
+	VMOVDQA64 Z12, Z14
+	VMOVDQA64 Z12, Z15
+	VPXORD    Z16, Z16, Z16
+	VPXORD    Z17, Z17, Z17
+	VPXORD    Z18, Z18, Z18
+	VPXORD    Z19, Z19, Z19
+	Q4TSTEP(Z4, 0, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z8, 64, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z5, 128, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z9, 192, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z6, 256, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z10, 320, Z16, Z17, Z18, Z19)
+	Q4TSTEP(Z7, 384, Z12, Z13, Z14, Z15)
+	Q4TSTEP(Z11, 448, Z16, Z17, Z18, Z19)
+	Q4TSCALE(Z12, Z16, 2048, Z0)
+	Q4TSCALE(Z13, Z17, 2112, Z1)
+	Q4TSCALE(Z14, Z18, 2176, Z2)
+	Q4TSCALE(Z15, Z19, 2240, Z3)
+	ADDQ      $2304, R8
+	ADDQ      $512, DI
+	ADDQ      $64, R12
+	ADDQ      $64, R13
+	DECQ      CX
+	JNZ       xsuper
+
+	HSUM4
+	VMOVUPS X0, (R11)
+	ADDQ    ostride+72(FP), R11
+	ADDQ    xstride+24(FP), SI
+	ADDQ    bstride+48(FP), BX
+	ADDQ    bstride+48(FP), DX
+	DECQ    R10
+	JMP     xpos
+
+xdone:
+	VZEROUPPER
+	RET
+
+// Transposed q8 blocks for small batches (q8_row, q8_2f; rows of a
+// multiple of 512 columns). The 512 bytes of a row's 16 blocks, read as
+// registers R0..R7 (blocks 2c and 2c+1 in R_c), are transposed by XPOSE4
+// in two sets of four: dword lane 4k+c of Q0..Q3 holds 4 bytes of block
+// 2c + k/2 (the first 16 of it for even k, the last 16 for odd k), of
+// Q4..Q7 of block 8 + 2c + k/2. So two int32 accumulators per row
+// collect 4 VPDPBUSDs each before one conversion and scaling (instead of
+// one per VPDPBUSD). The inputs take the same transpose, their scales the
+// permutations lanesQ8A/B and their biases (-128·Σq) go to the even-k
+// lane of each block only.
+
+// lanesQ8A[L] = 2·(L mod 4) + L/8: the block in lane L of Q0..Q3.
+DATA lanesQ8A<>+0x00(SB)/8, $0x0000000200000000
+DATA lanesQ8A<>+0x08(SB)/8, $0x0000000600000004
+DATA lanesQ8A<>+0x10(SB)/8, $0x0000000200000000
+DATA lanesQ8A<>+0x18(SB)/8, $0x0000000600000004
+DATA lanesQ8A<>+0x20(SB)/8, $0x0000000300000001
+DATA lanesQ8A<>+0x28(SB)/8, $0x0000000700000005
+DATA lanesQ8A<>+0x30(SB)/8, $0x0000000300000001
+DATA lanesQ8A<>+0x38(SB)/8, $0x0000000700000005
+GLOBL lanesQ8A<>(SB), RODATA|NOPTR, $64
+
+// lanesQ8B = lanesQ8A + 8: the block in lane L of Q4..Q7.
+DATA lanesQ8B<>+0x00(SB)/8, $0x0000000a00000008
+DATA lanesQ8B<>+0x08(SB)/8, $0x0000000e0000000c
+DATA lanesQ8B<>+0x10(SB)/8, $0x0000000a00000008
+DATA lanesQ8B<>+0x18(SB)/8, $0x0000000e0000000c
+DATA lanesQ8B<>+0x20(SB)/8, $0x0000000b00000009
+DATA lanesQ8B<>+0x28(SB)/8, $0x0000000f0000000d
+DATA lanesQ8B<>+0x30(SB)/8, $0x0000000b00000009
+DATA lanesQ8B<>+0x38(SB)/8, $0x0000000f0000000d
+GLOBL lanesQ8B<>(SB), RODATA|NOPTR, $64
+
+// Q8TROW unpacks 512 columns of the row at p (top bits flipped) to
+// off(DI) .. off+511(DI), register t at off + 64t.
+#define Q8TROW(p, o0, o1, o2, o3, o4, o5, o6, o7) \
+	VPXORD    (p), Z31, Z0; \
+	VPXORD    64(p), Z31, Z1; \
+	VPXORD    128(p), Z31, Z2; \
+	VPXORD    192(p), Z31, Z3; \
+	VPXORD    256(p), Z31, Z8; \
+	VPXORD    320(p), Z31, Z9; \
+	VPXORD    384(p), Z31, Z10; \
+	VPXORD    448(p), Z31, Z11; \
+	XPOSE4(Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7); \
+	XPOSE4(Z8, Z9, Z10, Z11, Z4, Z5, Z6, Z7); \
+	VMOVDQU64 Z0, o0(DI); \
+	VMOVDQU64 Z1, o1(DI); \
+	VMOVDQU64 Z2, o2(DI); \
+	VMOVDQU64 Z3, o3(DI); \
+	VMOVDQU64 Z8, o4(DI); \
+	VMOVDQU64 Z9, o5(DI); \
+	VMOVDQU64 Z10, o6(DI); \
+	VMOVDQU64 Z11, o7(DI)
+
+// func q8Unpack4TAVX512(w *byte, stride, sb int, dst *byte)
+//
+// Unpacks four rows (stride bytes apart) of sb 512-column blocks: per
+// block, dst gets each row's 512 transposed bytes (2048 in all).
+TEXT ·q8Unpack4TAVX512(SB), NOSPLIT, $0-32
+	MOVQ         w+0(FP), AX
+	MOVQ         stride+8(FP), BX
+	MOVQ         sb+16(FP), CX
+	MOVQ         dst+24(FP), DI
+	LEAQ         (AX)(BX*1), R8
+	LEAQ         (AX)(BX*2), R9
+	LEAQ         (R9)(BX*1), R10
+	MOVL         $0x80808080, DX
+	VPBROADCASTD DX, Z31
+
+u8t:
+	Q8TROW(AX, 0, 64, 128, 192, 256, 320, 384, 448)
+	Q8TROW(R8, 512, 576, 640, 704, 768, 832, 896, 960)
+	Q8TROW(R9, 1024, 1088, 1152, 1216, 1280, 1344, 1408, 1472)
+	Q8TROW(R10, 1536, 1600, 1664, 1728, 1792, 1856, 1920, 1984)
+	ADDQ $512, AX
+	ADDQ $512, R8
+	ADDQ $512, R9
+	ADDQ $512, R10
+	ADDQ $2048, DI
+	DECQ CX
+	JNZ  u8t
+
+	VZEROUPPER
+	RET
+
+// func q8XposeAVX512(x *byte, d *float32, s *int32, sb int, dst *byte)
+//
+// Writes one qPlain input of sb 512-column blocks transposed for
+// q8MM4TAVX512 to dst (sb·768 bytes): per block the 8 input registers
+// (512 bytes), then per block the scales for Q0..Q3 and Q4..Q7 (128
+// bytes), then the biases likewise.
+TEXT ·q8XposeAVX512(SB), NOSPLIT, $0-40
+	MOVQ      x+0(FP), SI
+	MOVQ      d+8(FP), BX
+	MOVQ      s+16(FP), DX
+	MOVQ      sb+24(FP), CX
+	MOVQ      dst+32(FP), DI
+	MOVQ      CX, R8
+	SHLQ      $9, R8
+	ADDQ      DI, R8 // scales
+	MOVQ      CX, R9
+	SHLQ      $7, R9
+	ADDQ      R8, R9 // biases
+	VMOVDQU32 lanesQ8A<>(SB), Z26
+	VMOVDQU32 lanesQ8B<>(SB), Z27
+	MOVL      $0x0f0f, AX
+	KMOVW     AX, K1
+
+x8t:
+	VMOVDQU64 (SI), Z0
+	VMOVDQU64 64(SI), Z1
+	VMOVDQU64 128(SI), Z2
+	VMOVDQU64 192(SI), Z3
+	VMOVDQU64 256(SI), Z8
+	VMOVDQU64 320(SI), Z9
+	VMOVDQU64 384(SI), Z10
+	VMOVDQU64 448(SI), Z11
+	XPOSE4(Z0, Z1, Z2, Z3, Z4, Z5, Z6, Z7)
+	XPOSE4(Z8, Z9, Z10, Z11, Z4, Z5, Z6, Z7)
+	VMOVDQU64 Z0, (DI)
+	VMOVDQU64 Z1, 64(DI)
+	VMOVDQU64 Z2, 128(DI)
+	VMOVDQU64 Z3, 192(DI)
+	VMOVDQU64 Z8, 256(DI)
+	VMOVDQU64 Z9, 320(DI)
+	VMOVDQU64 Z10, 384(DI)
+	VMOVDQU64 Z11, 448(DI)
+	VMOVUPS   (BX), Z12
+	VPERMPS   Z12, Z26, Z20
+	VPERMPS   Z12, Z27, Z21
+	VMOVUPS   Z20, (R8)
+	VMOVUPS   Z21, 64(R8)
+	VMOVDQU32 (DX), Z13
+	VPERMD.Z  Z13, Z26, K1, Z22
+	VPERMD.Z  Z13, Z27, K1, Z23
+	VMOVDQU32 Z22, (R9)
+	VMOVDQU32 Z23, 64(R9)
+	ADDQ      $512, SI
+	ADDQ      $512, DI
+	ADDQ      $64, BX
+	ADDQ      $64, DX
+	ADDQ      $128, R8
+	ADDQ      $128, R9
+	DECQ      CX
+	JNZ       x8t
+
+	VZEROUPPER
+	RET
+
+// Q8TSTEP is input register x against register t of the four rows (at
+// off + 512i of R8) into the int32 accumulators a0..a3.
+#define Q8TSTEP(x, off, a0, a1, a2, a3) Q4TSTEP(x, off, a0, a1, a2, a3)
+
+// Q8TSCALE adds row i's accumulators a (Q0..Q3) and b (Q4..Q7), converted
+// and times the block scales Z20 and Z21, to acc.
+#define Q8TSCALE(a, b, acc) \
+	VCVTDQ2PS   a, a; \
+	VCVTDQ2PS   b, b; \
+	VFMADD231PS Z20, a, acc; \
+	VFMADD231PS Z21, b, acc
+
+// func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+//
+// q8MM4AVX512 for a block unpacked by q8Unpack4TAVX512 and inputs
+// transposed by q8XposeAVX512 (d and s pointing at their scales and
+// biases, position j's at + j·bstride bytes).
+TEXT ·q8MM4TAVX512(SB), NOSPLIT, $0-88
+	MOVQ    x+16(FP), SI
+	MOVQ    d+32(FP), BX
+	MOVQ    s+40(FP), DX
+	MOVQ    npos+56(FP), R10
+	MOVQ    out+64(FP), R11
+	MOVQ    scale+80(FP), AX
+	VMOVUPS (AX), X28
+	MOVQ    sb+8(FP), R9
+
+q8pos:
+	TESTQ  R10, R10
+	JZ     q8done
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	MOVQ   w+0(FP), R8
+	MOVQ   SI, DI
+	MOVQ   BX, R12
+	MOVQ   DX, R13
+	MOVQ   R9, CX
+
+q8sb:
+	VMOVDQU64 (DI), Z4
+	VMOVDQU64 64(DI), Z5
+	VMOVDQU64 128(DI), Z6
+	VMOVDQU64 192(DI), Z7
+	VMOVDQU64 256(DI), Z8
+	VMOVDQU64 320(DI), Z9
+	VMOVDQU64 384(DI), Z10
+	VMOVDQU64 448(DI), Z11
+	VMOVUPS   (R12), Z20
+	VMOVUPS   64(R12), Z21
+	VMOVDQU32 (R13), Z12
+	VMOVDQU32 64(R13), Z16
+	VMOVDQA64 Z12, Z13
+	VMOVDQA64 Z12, Z14
+	VMOVDQA64 Z12, Z15
+	VMOVDQA64 Z16, Z17
+	VMOVDQA64 Z16, Z18
+	VMOVDQA64 Z16, Z19
+	Q8TSTEP(Z4, 0, Z12, Z13, Z14, Z15)
+	Q8TSTEP(Z8, 256, Z16, Z17, Z18, Z19)
+	Q8TSTEP(Z5, 64, Z12, Z13, Z14, Z15)
+	Q8TSTEP(Z9, 320, Z16, Z17, Z18, Z19)
+	Q8TSTEP(Z6, 128, Z12, Z13, Z14, Z15)
+	Q8TSTEP(Z10, 384, Z16, Z17, Z18, Z19)
+	Q8TSTEP(Z7, 192, Z12, Z13, Z14, Z15)
+	Q8TSTEP(Z11, 448, Z16, Z17, Z18, Z19)
+	Q8TSCALE(Z12, Z16, Z0)
+	Q8TSCALE(Z13, Z17, Z1)
+	Q8TSCALE(Z14, Z18, Z2)
+	Q8TSCALE(Z15, Z19, Z3)
+	ADDQ      $2048, R8
+	ADDQ      $512, DI
+	ADDQ      $128, R12
+	ADDQ      $128, R13
+	DECQ      CX
+	JNZ       q8sb
+
+	HSUM4
+	VMULPS  X28, X0, X0
+	VMOVUPS X0, (R11)
+	ADDQ    ostride+72(FP), R11
+	ADDQ    xstride+24(FP), SI
+	ADDQ    bstride+48(FP), BX
+	ADDQ    bstride+48(FP), DX
+	DECQ    R10
+	JMP     q8pos
+
+q8done:
+	VZEROUPPER
+	RET

@@ -11,17 +11,20 @@ type batchKernel struct {
 	use  func() (restore func())
 }
 
-// smallBatchKernels lists the q4tp MatMul kernels of this build: the
-// transposed one where it applies ("") and the chunked one ("/chunked").
+// smallBatchKernels lists the int8 MatMul kernels of this build for
+// format d (q4tp, q8_row, q8_2f): the transposed one where it applies
+// ("") and the chunked one ("/chunked").
 func smallBatchKernels(d quant.DType) []batchKernel {
-	if d != quant.Q4TP {
-		return []batchKernel{{"", func() func() { return func() {} }}}
-	}
 	force := func(v bool) func() func() {
 		return func() func() {
-			prev := q4tpTransposed
-			q4tpTransposed = func(gpr, _ int) bool { return v && gpr%16 == 0 }
-			return func() { q4tpTransposed = prev }
+			if d == quant.Q4TP {
+				prev := q4tpTransposed
+				q4tpTransposed = func(gpr, _ int) bool { return v && gpr%16 == 0 }
+				return func() { q4tpTransposed = prev }
+			}
+			prev := q8Transposed
+			q8Transposed = func(c, _ int) bool { return v && c%512 == 0 }
+			return func() { q8Transposed = prev }
 		}
 	}
 	return []batchKernel{{"", force(true)}, {"/chunked", force(false)}}

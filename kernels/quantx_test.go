@@ -447,15 +447,13 @@ func TestMatMulTiles(t *testing.T) {
 		Y := make([]float32, n*11)
 		p.MatMul(m, X, n, Y)
 		y := make([]float32, 11)
-		tol := 0.0 // the int8 path runs the same kernel both ways
-		if d == quant.Q4TP {
-			// Except q4tp's transposed MatMul, which adds the -8·Σq bias
-			// in int32 where the row kernel adds it in float32 (whose
-			// cancellation leaves ~1e-7 of 8·Σ|q|·d·rung: -3e-4 for the
-			// zero row here); TestQ4TPMatMulMatchesReference holds both
-			// to the integer reference.
-			tol = 1e-3
-		}
+		// The transposed MatMul kernels sum in another order than the row
+		// kernels, and q4tp's adds the -8·Σq bias in int32 where the row
+		// kernel adds it in float32 (whose cancellation leaves ~1e-7 of
+		// 8·Σ|q|·d·rung: -3e-4 for the zero row here);
+		// TestIntMatMulMatchesReference holds both to the integer
+		// reference.
+		tol := 1e-3
 		if kernelTable[d].qx == qNone {
 			tol = 1e-5
 		}
@@ -623,45 +621,64 @@ func FuzzIntKernels(f *testing.F) {
 	})
 }
 
-// TestQ4TPMatMulMatchesReference runs every q4tp MatMul kernel of this
-// build (on amd64 the transposed small-batch one and the chunked one) at
-// batch sizes around their thresholds, on rows of 16-group multiples and
-// not, against the plain integer reference of each position.
-func TestQ4TPMatMulMatchesReference(t *testing.T) {
+// TestIntMatMulMatchesReference runs every int8 MatMul kernel of this
+// build (on amd64 the transposed small-batch one and the chunked one) for
+// each int8 format at batch sizes around their thresholds, on rows of
+// multiples of 512 columns and not, against the plain integer reference
+// of each position.
+func TestIntMatMulMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
 	p := NewPool(2)
 	defer p.Close()
-	for _, sh := range [][2]int{{4, 512}, {9, 1024}, {37, 2560}, {8, 8192}, {13, 96}} {
-		rows, cols := sh[0], sh[1]
-		m, _ := randMat(t, r, quant.Q4TP, rows, cols)
-		for _, n := range []int{2, 3, 4, 5, 8, 16, 33} {
-			X := randVec(r, n*cols)
-			for j := range cols { // a position of zeros and one of large values
-				X[j], X[(n-1)*cols+j] = 0, X[(n-1)*cols+j]*1e4
-			}
-			var qb qbatch
-			qb.reset(qNib, cols, n)
-			withISA(t, isaGeneric, func() { qb.quantize(X) })
-			want := make([]float32, n*rows)
-			for j := range n {
-				qrowsInt(m, 0, rows, qb.pos(j), want[j*rows:(j+1)*rows])
-			}
-			for _, k := range smallBatchKernels(quant.Q4TP) {
-				restore := k.use()
-				got := make([]float32, n*rows+1)
-				got[n*rows] = 42
-				p.MatMul(m, X, n, got[:n*rows])
-				restore()
-				if got[n*rows] != 42 {
-					t.Fatalf("%dx%d n=%d%s: wrote past Y", rows, cols, n, k.name)
+	for _, d := range intFormats {
+		for _, sh := range [][2]int{{4, 512}, {9, 1024}, {37, 2560}, {8, 8192}, {13, 96}, {6, 544}} {
+			rows, cols := sh[0], sh[1]
+			m, _ := randMat(t, r, d, rows, cols)
+			for _, n := range []int{2, 3, 4, 5, 8, 16, 33} {
+				X := randVec(r, n*cols)
+				for j := range cols { // a position of zeros and one of large values
+					X[j], X[(n-1)*cols+j] = 0, X[(n-1)*cols+j]*1e4
 				}
+				xs := X
+				if m.col != nil {
+					xs = make([]float32, len(X))
+					for i := range xs {
+						xs[i] = X[i] * m.col[i%cols]
+					}
+				}
+				var qb qbatch
+				qb.reset(kernelTable[d].qx, cols, n)
+				if qb.layout == qNone {
+					qb.reset(qPlain, cols, n)
+					if d == quant.Q4TP {
+						qb.reset(qNib, cols, n)
+					}
+				}
+				withISA(t, isaGeneric, func() { qb.quantize(xs) })
+				want := make([]float32, n*rows)
 				for j := range n {
-					v := qb.pos(j)
-					for i := range rows {
-						tol := 2e-6*intMag(m, i, v) + 1e-30
-						if d := math.Abs(float64(got[j*rows+i] - want[j*rows+i])); !(d <= tol) {
-							t.Fatalf("%s%s %dx%d n=%d position %d row %d: %g, int8 reference %g (diff %g > %g)",
-								ISA(), k.name, rows, cols, n, j, i, got[j*rows+i], want[j*rows+i], d, tol)
+					qrowsInt(m, 0, rows, qb.pos(j), want[j*rows:(j+1)*rows])
+				}
+				for _, k := range smallBatchKernels(d) {
+					restore := k.use()
+					got := make([]float32, n*rows+1)
+					got[n*rows] = 42
+					p.MatMul(m, X, n, got[:n*rows])
+					restore()
+					if got[n*rows] != 42 {
+						t.Fatalf("%s%s %dx%d n=%d: wrote past Y", d, k.name, rows, cols, n)
+					}
+					if kernelTable[d].qx == qNone {
+						continue // generic build: float kernels, checked elsewhere
+					}
+					for j := range n {
+						v := qb.pos(j)
+						for i := range rows {
+							tol := 2e-6*intMag(m, i, v) + 1e-30
+							if diff := math.Abs(float64(got[j*rows+i] - want[j*rows+i])); !(diff <= tol) {
+								t.Fatalf("%s %s%s %dx%d n=%d position %d row %d: %g, int8 reference %g (diff %g > %g)",
+									ISA(), d, k.name, rows, cols, n, j, i, got[j*rows+i], want[j*rows+i], diff, tol)
+							}
 						}
 					}
 				}
