@@ -169,18 +169,10 @@ func q4tpMM4AVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32,
 func q4tpScratchBytes(gpr int) int { return (gpr+3)/4*512 + (gpr+15)/16*256 }
 
 // q4tpUnpack4TAVX512 is q4tpUnpack4AVX512 in the transposed layout of
-// q4tpMM4TAVX512 (gpr a multiple of 16, q4tpScratchTBytes(gpr) bytes).
+// q4tpMM4TXAVX512 (gpr a multiple of 16, q4tpScratchTBytes(gpr) bytes).
 //
 //go:noescape
 func q4tpUnpack4TAVX512(rows *[4]q4row, gpr int, dst *byte)
-
-// q4tpMM4TAVX512 is q4tpMM4AVX512 for a block unpacked by
-// q4tpUnpack4TAVX512: one int32 lane per group and position collects the
-// group's 32 products, so each group is converted and scaled once (the
-// small-batch decode kernel: 8 VPDPBUSDs per conversion instead of 2).
-//
-//go:noescape
-func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
 
 // q4tpXposeAVX512 writes one input of nsc·16 groups in qNib layout (x, d,
 // s) transposed for q4tpMM4TXAVX512 to dst (nsc·640 bytes: the inputs,
@@ -189,8 +181,11 @@ func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32
 //go:noescape
 func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
 
-// q4tpMM4TXAVX512 is q4tpMM4TAVX512 for inputs transposed by
-// q4tpXposeAVX512 (d and s pointing at their scales and biases).
+// q4tpMM4TXAVX512 is q4tpMM4AVX512 for a block unpacked by
+// q4tpUnpack4TAVX512 and inputs transposed by q4tpXposeAVX512 (d and s
+// pointing at their scales and biases): one int32 lane per group and
+// position collects the group's 32 products, so each group is converted
+// and scaled once (8 VPDPBUSDs per conversion instead of 2).
 //
 //go:noescape
 func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)

@@ -1334,8 +1334,8 @@ m8done:
 	VZEROUPPER
 	RET
 
-// Transposed q4tp blocks for small batches (q4tpUnpack4TAVX512 and
-// q4tpMM4TAVX512, rows of a multiple of 16 groups). The 256 nibble bytes
+// Transposed q4tp blocks for small batches (q4tpUnpack4TAVX512,
+// q4tpXposeAVX512 and q4tpMM4TXAVX512, rows of a multiple of 16 groups). The 256 nibble bytes
 // of a row's 16 groups, read as four registers R0..R3 of 4 groups (one per
 // 128-bit lane k, 4 dwords i each), are transposed in each 128-bit lane
 // (Q_i lane k dword c = R_c lane k dword i), so that every dword lane
@@ -1463,87 +1463,6 @@ ut:
 	VMULPS      roff(R8), Z20, b; \
 	VFMADD231PS b, a, acc
 
-// func q4tpMM4TAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
-//
-// q4tpMM4AVX512 for a block unpacked by q4tpUnpack4TAVX512.
-TEXT ·q4tpMM4TAVX512(SB), NOSPLIT, $0-80
-	MOVQ      x+16(FP), SI
-	MOVQ      d+32(FP), BX
-	MOVQ      s+40(FP), DX
-	MOVQ      npos+56(FP), R10
-	MOVQ      out+64(FP), R11
-	MOVQ      gpr+8(FP), R9
-	SHRQ      $4, R9
-	VMOVDQU32 lanesT<>(SB), Z27
-
-tpos:
-	TESTQ  R10, R10
-	JZ     tdone
-	VPXORD Z0, Z0, Z0
-	VPXORD Z1, Z1, Z1
-	VPXORD Z2, Z2, Z2
-	VPXORD Z3, Z3, Z3
-	MOVQ   w+0(FP), R8
-	MOVQ   SI, DI
-	MOVQ   BX, R12
-	MOVQ   DX, R13
-	MOVQ   R9, CX
-
-tsuper:
-	// The input's 16 groups: even halves -> X0, X2, X4, X6 (Z4..Z7),
-	// odd halves -> X1, X3, X5, X7 (Z8..Z11).
-	VMOVDQU64 (DI), Z4
-	VMOVDQU64 128(DI), Z5
-	VMOVDQU64 256(DI), Z6
-	VMOVDQU64 384(DI), Z7
-	XPOSE4(Z4, Z5, Z6, Z7, Z28, Z29, Z30, Z31)
-	VMOVDQU64 64(DI), Z8
-	VMOVDQU64 192(DI), Z9
-	VMOVDQU64 320(DI), Z10
-	VMOVDQU64 448(DI), Z11
-	XPOSE4(Z8, Z9, Z10, Z11, Z28, Z29, Z30, Z31)
-	VPERMPS   (R12), Z27, Z20
-	VPERMD    (R13), Z27, Z21
-	VMOVDQA64 Z21, Z12
-	VMOVDQA64 Z21, Z13
-	VMOVDQA64 Z21, Z14
-	VMOVDQA64 Z21, Z15
-	VPXORD    Z16, Z16, Z16
-	VPXORD    Z17, Z17, Z17
-	VPXORD    Z18, Z18, Z18
-	VPXORD    Z19, Z19, Z19
-	Q4TSTEP(Z4, 0, Z12, Z13, Z14, Z15)
-	Q4TSTEP(Z8, 64, Z16, Z17, Z18, Z19)
-	Q4TSTEP(Z5, 128, Z12, Z13, Z14, Z15)
-	Q4TSTEP(Z9, 192, Z16, Z17, Z18, Z19)
-	Q4TSTEP(Z6, 256, Z12, Z13, Z14, Z15)
-	Q4TSTEP(Z10, 320, Z16, Z17, Z18, Z19)
-	Q4TSTEP(Z7, 384, Z12, Z13, Z14, Z15)
-	Q4TSTEP(Z11, 448, Z16, Z17, Z18, Z19)
-	Q4TSCALE(Z12, Z16, 2048, Z0)
-	Q4TSCALE(Z13, Z17, 2112, Z1)
-	Q4TSCALE(Z14, Z18, 2176, Z2)
-	Q4TSCALE(Z15, Z19, 2240, Z3)
-	ADDQ      $2304, R8
-	ADDQ      $512, DI
-	ADDQ      $64, R12
-	ADDQ      $64, R13
-	DECQ      CX
-	JNZ       tsuper
-
-	HSUM4
-	VMOVUPS X0, (R11)
-	ADDQ    ostride+72(FP), R11
-	ADDQ    xstride+24(FP), SI
-	ADDQ    bstride+48(FP), BX
-	ADDQ    bstride+48(FP), DX
-	DECQ    R10
-	JMP     tpos
-
-tdone:
-	VZEROUPPER
-	RET
-
 // func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
 //
 // Writes one qNib input of nsc·16 groups in the layout of q4tpMM4TXAVX512
@@ -1600,8 +1519,9 @@ xt:
 
 // func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
 //
-// q4tpMM4TAVX512 for inputs already transposed by q4tpXposeAVX512 (x, d
-// and s of position j at + j·xstride, + j·bstride bytes).
+// q4tpMM4AVX512 for a block unpacked by q4tpUnpack4TAVX512 and inputs
+// transposed by q4tpXposeAVX512 (x, d and s of position j at
+// + j·xstride, + j·bstride bytes).
 TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-80
 	MOVQ x+16(FP), SI
 	MOVQ d+32(FP), BX
