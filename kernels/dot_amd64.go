@@ -185,10 +185,12 @@ func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
 // q4tpUnpack4TAVX512 and inputs transposed by q4tpXposeAVX512 (d and s
 // pointing at their scales and biases): one int32 lane per group and
 // position collects the group's 32 products, so each group is converted
-// and scaled once (8 VPDPBUSDs per conversion instead of 2).
+// and scaled once (8 VPDPBUSDs per conversion instead of 2). Along the
+// way it prefetches the pfn bytes at pf into L2 (the next block's
+// weights: spread over the loop, they arrive while it computes).
 //
 //go:noescape
-func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int)
 
 // q4tpScratchTBytes is the size of a transposed block of four rows.
 func q4tpScratchTBytes(gpr int) int { return gpr / 16 * 2304 }
@@ -227,10 +229,11 @@ func q4tpMatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]by
 				rs[i] = q4rowAt(m, r+i, &lad[i])
 			}
 			q4tpUnpack4TAVX512(&rs, gpr, &buf[0])
+			pf, pfn := &m.Data[0], 0
 			if (r+8)*nb <= len(m.Data) {
-				prefetchL2(&m.Data[(r+4)*nb], 4*nb)
+				pf, pfn = &m.Data[(r+4)*nb], 4*nb
 			}
-			q4tpMM4TXAVX512(&buf[0], gpr, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows)
+			q4tpMM4TXAVX512(&buf[0], gpr, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, pf, pfn)
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {
@@ -443,10 +446,11 @@ func q8XposeAVX512(x *byte, d *float32, s *int32, sb int, dst *byte)
 // and inputs transposed by q8XposeAVX512 (d and s pointing at their
 // scales and biases): two int32 lanes per block and position collect the
 // block's 32 products, converted and scaled once per 4 VPDPBUSDs instead
-// of once per VPDPBUSD.
+// of once per VPDPBUSD. It prefetches the pfn bytes at pf along the way,
+// as q4tpMM4TXAVX512 does.
 //
 //go:noescape
-func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32, pf *byte, pfn int)
 
 // q8Transposed says whether MatMul runs the transposed q8 kernels on rows
 // of c columns for n positions (a variable for the tests and benchmarks).
@@ -481,11 +485,12 @@ func q8MatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte
 		r := lo
 		for ; r+4 <= hi; r += 4 {
 			q8Unpack4TAVX512(&m.Data[r*c], c, sb, &buf[0])
+			pf, pfn := &m.Data[0], 0
 			if (r+8)*c <= len(m.Data) {
-				prefetchL2(&m.Data[(r+4)*c], 4*c)
+				pf, pfn = &m.Data[(r+4)*c], 4*c
 			}
 			copy(sc[:], m.scale[r:r+4])
-			q8MM4TAVX512(&buf[0], sb, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, &sc)
+			q8MM4TAVX512(&buf[0], sb, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, &sc, pf, pfn)
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {

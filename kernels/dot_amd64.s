@@ -1517,12 +1517,27 @@ xt:
 	VZEROUPPER
 	RET
 
-// func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int)
+// PFSTEP prefetches the next 64·k bytes of the prefetch stream R14 into
+// L2 while it is below end (the next block's weights, spread over the
+// kernel's loop instead of issued at once).
+#define PFSTEP(end, label) \
+	CMPQ       R14, end; \
+	JAE        label; \
+	PREFETCHT1 (R14); \
+	ADDQ       $64, R14; \
+label:
+
+// func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int)
 //
 // q4tpMM4AVX512 for a block unpacked by q4tpUnpack4TAVX512 and inputs
 // transposed by q4tpXposeAVX512 (x, d and s of position j at
-// + j·xstride, + j·bstride bytes).
-TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-80
+// + j·xstride, + j·bstride bytes); prefetches the pfn bytes at pf, two
+// lines per 16 groups and position, the rest at the end.
+TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-96
+	MOVQ pf+80(FP), R14
+	MOVQ pfn+88(FP), AX
+	ADDQ R14, AX
+	MOVQ AX, pfn+88(FP) // now the end
 	MOVQ x+16(FP), SI
 	MOVQ d+32(FP), BX
 	MOVQ s+40(FP), DX
@@ -1574,6 +1589,9 @@ xsuper:
 	Q4TSCALE(Z13, Z17, 2112, Z1)
 	Q4TSCALE(Z14, Z18, 2176, Z2)
 	Q4TSCALE(Z15, Z19, 2240, Z3)
+	MOVQ      pfn+88(FP), AX
+	PFSTEP(AX, xpf0)
+	PFSTEP(AX, xpf1)
 	ADDQ      $2304, R8
 	ADDQ      $512, DI
 	ADDQ      $64, R12
@@ -1591,6 +1609,14 @@ xsuper:
 	JMP     xpos
 
 xdone:
+	MOVQ pfn+88(FP), AX
+xpft:
+	CMPQ       R14, AX
+	JAE        xpfd
+	PREFETCHT1 (R14)
+	ADDQ       $64, R14
+	JMP        xpft
+xpfd:
 	VZEROUPPER
 	RET
 
@@ -1756,12 +1782,17 @@ x8t:
 	VFMADD231PS Z20, a, acc; \
 	VFMADD231PS Z21, b, acc
 
-// func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32)
+// func q8MM4TAVX512(w *byte, sb int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, scale *[4]float32, pf *byte, pfn int)
 //
 // q8MM4AVX512 for a block unpacked by q8Unpack4TAVX512 and inputs
 // transposed by q8XposeAVX512 (d and s pointing at their scales and
-// biases, position j's at + j·bstride bytes).
-TEXT ·q8MM4TAVX512(SB), NOSPLIT, $0-88
+// biases, position j's at + j·bstride bytes); prefetches the pfn bytes at
+// pf, four lines per 512 columns and position, the rest at the end.
+TEXT ·q8MM4TAVX512(SB), NOSPLIT, $0-104
+	MOVQ    pf+88(FP), R14
+	MOVQ    pfn+96(FP), AX
+	ADDQ    R14, AX
+	MOVQ    AX, pfn+96(FP) // now the end
 	MOVQ    x+16(FP), SI
 	MOVQ    d+32(FP), BX
 	MOVQ    s+40(FP), DX
@@ -1815,6 +1846,11 @@ q8sb:
 	Q8TSCALE(Z13, Z17, Z1)
 	Q8TSCALE(Z14, Z18, Z2)
 	Q8TSCALE(Z15, Z19, Z3)
+	MOVQ      pfn+96(FP), AX
+	PFSTEP(AX, q8pf0)
+	PFSTEP(AX, q8pf1)
+	PFSTEP(AX, q8pf2)
+	PFSTEP(AX, q8pf3)
 	ADDQ      $2048, R8
 	ADDQ      $512, DI
 	ADDQ      $128, R12
@@ -1833,5 +1869,13 @@ q8sb:
 	JMP     q8pos
 
 q8done:
+	MOVQ pfn+96(FP), AX
+q8pft:
+	CMPQ       R14, AX
+	JAE        q8pfd
+	PREFETCHT1 (R14)
+	ADDQ       $64, R14
+	JMP        q8pft
+q8pfd:
 	VZEROUPPER
 	RET
