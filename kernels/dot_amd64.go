@@ -187,24 +187,33 @@ func q4tpXposeAVX512(x *byte, d *float32, s *int32, nsc int, dst *byte)
 // position collects the group's 32 products, so each group is converted
 // and scaled once (8 VPDPBUSDs per conversion instead of 2). Along the
 // way it prefetches the pfn bytes at pf into L2 (the next block's
-// weights: spread over the loop, they arrive while it computes).
+// weights: spread over the loop, they arrive while it computes). With
+// add it adds its dots to out (a later part of the rows' columns).
 //
 //go:noescape
-func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int)
+func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int, add bool)
 
 // q4tpScratchTBytes is the size of a transposed block of four rows.
 func q4tpScratchTBytes(gpr int) int { return gpr / 16 * 2304 }
 
+// q4tpSplitGroups is the most groups of a row the transposed q4tp MatMul
+// runs over at once: longer rows go in parts (their sums added up), so
+// that a block's unpacked part and a tile's inputs of it stay in L1.
+const q4tpSplitGroups = 64
+
 // q4tpMatMulTAVX512 is q4tpMatMulAVX512 through the transposed kernels:
 // the worker transposes each tile's inputs once (a few µs), then every
-// block of four rows is unpacked transposed and run over the tile.
+// block of four rows is unpacked transposed, q4tpSplitGroups groups at a
+// time, and run over the tile.
 func q4tpMatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]byte) {
 	gpr := m.Cols / quant.GroupSize
 	nb, nsc := 16*gpr, gpr/16
 	rows, n := m.Rows, x.n
 	xs := 640 * nsc // one transposed position
 	tile := max(1, mmTileBytes/xs)
-	wb := q4tpScratchTBytes(gpr)
+	kg := min(gpr, q4tpSplitGroups)
+	parts := (gpr + kg - 1) / kg
+	wb := q4tpScratchTBytes(kg)
 	need := wb + min(tile, n)*xs
 	if cap(*scratch) < need {
 		*scratch = make([]byte, need)
@@ -221,19 +230,30 @@ func q4tpMatMulTAVX512(m *Mat, lo, hi int, x *qbatch, y []float32, scratch *[]by
 			v := x.pos(j0 + j)
 			q4tpXposeAVX512(&v.q[0], &v.d[0], &v.s[0], nsc, &xt[j*xs])
 		}
-		d := (*float32)(unsafe.Pointer(&xt[512*nsc]))
-		s := (*int32)(unsafe.Pointer(&xt[576*nsc]))
 		r := lo
 		for ; r+4 <= hi; r += 4 {
-			for i := range rs {
-				rs[i] = q4rowAt(m, r+i, &lad[i])
-			}
-			q4tpUnpack4TAVX512(&rs, gpr, &buf[0])
-			pf, pfn := &m.Data[0], 0
+			// The next block's weights, a share per part.
+			next, share := 0, 0
 			if (r+8)*nb <= len(m.Data) {
-				pf, pfn = &m.Data[(r+4)*nb], 4*nb
+				next, share = (r+4)*nb, 4*nb/parts/64*64
 			}
-			q4tpMM4TXAVX512(&buf[0], gpr, &xt[0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, pf, pfn)
+			for p := range parts {
+				g0 := p * kg
+				gn := min(kg, gpr-g0)
+				for i := range rs {
+					rs[i] = q4rowAt(m, r+i, &lad[i])
+					rs[i].nib = &m.Data[(r+i)*nb+16*g0]
+					rs[i].codes = (*byte)(unsafe.Add(unsafe.Pointer(rs[i].codes), 10*(g0/16)))
+				}
+				q4tpUnpack4TAVX512(&rs, gn, &buf[0])
+				pf, pfn := &m.Data[next+p*share], share
+				if share > 0 && p == parts-1 {
+					pfn = 4*nb - p*share
+				}
+				d := (*float32)(unsafe.Pointer(&xt[512*nsc+4*g0]))
+				s := (*int32)(unsafe.Pointer(&xt[576*nsc+4*g0]))
+				q4tpMM4TXAVX512(&buf[0], gn, &xt[32*g0], xs, d, s, xs, nt, &y[j0*rows+r], 4*rows, pf, pfn, p > 0)
+			}
 		}
 		if r < hi {
 			for j := j0; j < j0+nt; j++ {

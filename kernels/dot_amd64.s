@@ -1527,13 +1527,14 @@ xt:
 	ADDQ       $64, R14; \
 label:
 
-// func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int)
+// func q4tpMM4TXAVX512(w *byte, gpr int, x *byte, xstride int, d *float32, s *int32, bstride, npos int, out *float32, ostride int, pf *byte, pfn int, add bool)
 //
 // q4tpMM4AVX512 for a block unpacked by q4tpUnpack4TAVX512 and inputs
 // transposed by q4tpXposeAVX512 (x, d and s of position j at
 // + j·xstride, + j·bstride bytes); prefetches the pfn bytes at pf, two
-// lines per 16 groups and position, the rest at the end.
-TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-96
+// lines per 16 groups and position, the rest at the end. With add, the
+// dots are added to out instead of stored.
+TEXT ·q4tpMM4TXAVX512(SB), NOSPLIT, $0-97
 	MOVQ pf+80(FP), R14
 	MOVQ pfn+88(FP), AX
 	ADDQ R14, AX
@@ -1600,6 +1601,10 @@ xsuper:
 	JNZ       xsuper
 
 	HSUM4
+	CMPB    add+96(FP), $0
+	JEQ     xstore
+	VADDPS  (R11), X0, X0
+xstore:
 	VMOVUPS X0, (R11)
 	ADDQ    ostride+72(FP), R11
 	ADDQ    xstride+24(FP), SI

@@ -19,7 +19,13 @@
 // the next rows linearly. The error this adds is bounded per row by
 // Σ_blocks absmax/254·Σ|w| (tested). f32, f16 and bf16 weights keep
 // float32 activations. Prefill (MatMul) unpacks each block of four rows
-// once into an L1 scratch and runs every position over it.
+// once into an L1 scratch and runs every position over it. For 4 or more
+// positions on AVX-512 (batched decode, prefill) the int8 formats unpack
+// it transposed (rows of a multiple of 512 columns): each int32 lane then
+// holds one block of 32 (q8: half a block) over 8 (q8: 4) VPDPBUSDs,
+// so the block's sum is converted and scaled once instead of per
+// VPDPBUSD or per two; the inputs are transposed alike once per tile
+// (dot_amd64.s: q4tpMM4TXAVX512, q8MM4TAVX512).
 package kernels
 
 import (
