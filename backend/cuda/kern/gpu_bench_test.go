@@ -15,22 +15,7 @@ import (
 // SetBytes is the weight bytes, so MB/s is the weight stream's bandwidth
 // (compare with the H200's measured 4547 GB/s read).
 func BenchmarkGPUMatvec(b *testing.B) {
-	d, err := driver.Open(0)
-	if errors.Is(err, driver.ErrNoDevice) {
-		b.Skipf("no GPU: %v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	var m *kern.Module
-	if err := d.Do(func(c *driver.Ctx) error {
-		var err error
-		m, err = loadForTest(c, d)
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
+	d, m := benchGPU(b)
 	const launches = 20
 	// The 8B shapes: up/gate, down, k/v projections.
 	for _, sh := range [][2]int{{14336, 4096}, {4096, 14336}, {1024, 4096}, {28672, 4096}, {128256, 4096}} {
@@ -40,7 +25,6 @@ func BenchmarkGPUMatvec(b *testing.B) {
 			for _, R := range []int{1, 2, 4, 8} {
 				b.Run(fmt.Sprintf("%dx%d/%s/R%d", rows, cols, dt, R), func(b *testing.B) {
 					var w, x, y driver.DevicePtr
-					var e0, e1 driver.Event
 					var a driver.Args
 					name, cfg, err := kern.MatvecLaunch(dt, rows, cols, R, d.Info().SMs)
 					if err != nil {
@@ -61,8 +45,6 @@ func BenchmarkGPUMatvec(b *testing.B) {
 						x, _ = c.Alloc(4 * int64(R*cols))
 						y, _ = c.Alloc(4 * int64(R*rows))
 						c.MemsetD32(x, 0x3c000000, int64(R*cols))
-						e0, _ = c.NewEvent(0)
-						e1, _ = c.NewEvent(0)
 						if dt == quant.Q8Row || dt == quant.Q4TP {
 							kern.MQ{W: [3]driver.DevicePtr{w}, Rows: [3]int{rows}, Cols: cols, X: x, Ldx: cols, Y: y, Ldy: rows}.Pack(&a, 0)
 						} else {
@@ -71,8 +53,6 @@ func BenchmarkGPUMatvec(b *testing.B) {
 						return m.Launch(c, name, cfg, &a) // warm-up
 					})
 					defer d.Do(func(c *driver.Ctx) error {
-						c.DestroyEvent(e0)
-						c.DestroyEvent(e1)
 						c.Free(w)
 						c.Free(x)
 						return c.Free(y)
@@ -80,27 +60,7 @@ func BenchmarkGPUMatvec(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					var ms float32
-					for b.Loop() {
-						err := d.Do(func(c *driver.Ctx) error {
-							c.Record(e0, 0)
-							for range launches {
-								if err := m.Launch(c, name, cfg, &a); err != nil {
-									return err
-								}
-							}
-							c.Record(e1, 0)
-							if err := c.EventSync(e1); err != nil {
-								return err
-							}
-							t, err := c.Elapsed(e0, e1)
-							ms += t
-							return err
-						})
-						if err != nil {
-							b.Fatal(err)
-						}
-					}
+					ms := timeLaunches(b, d, launches, func(c *driver.Ctx) error { return m.Launch(c, name, cfg, &a) })
 					b.SetBytes(nb * launches)
 					sec := float64(ms) / 1e3
 					b.ReportMetric(float64(nb)*launches*float64(b.N)/sec/1e9, "GB/s")
@@ -118,22 +78,7 @@ func BenchmarkGPUMatvec(b *testing.B) {
 // bar of issue 9 (pp512 ≥ 5,000 tok/s on the 8B q4tp model) needs about
 // 80 or more.
 func BenchmarkGPUGemm(b *testing.B) {
-	d, err := driver.Open(0)
-	if errors.Is(err, driver.ErrNoDevice) {
-		b.Skipf("no GPU: %v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	var m *kern.Module
-	if err := d.Do(func(c *driver.Ctx) error {
-		var err error
-		m, err = loadForTest(c, d)
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
+	d, m := benchGPU(b)
 	const T, launches = 512, 10
 	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
 		for _, sh := range [][2]int{{14336, 4096}, {4096, 4096}} {
@@ -147,7 +92,6 @@ func BenchmarkGPUGemm(b *testing.B) {
 				pick, _, _ := kern.GemmKernel(kernName[dt], rows, T)
 				b.Run(fmt.Sprintf("%s/%dx%d/T%d/t%d", dt, rows, cols, T, bm), func(b *testing.B) {
 					var w, x, y driver.DevicePtr
-					var e0, e1 driver.Event
 					var a driver.Args
 					cfg := driver.Config{Grid: driver.D2((rows+127)/128, (T+bm-1)/bm), Block: driver.D1(256)}
 					err := d.Do(func(c *driver.Ctx) error {
@@ -159,14 +103,10 @@ func BenchmarkGPUGemm(b *testing.B) {
 						x, _ = c.Alloc(4 * int64(T*cols))
 						y, _ = c.Alloc(4 * int64(T*rows))
 						c.MemsetD32(x, 0x3c000000, int64(T*cols))
-						e0, _ = c.NewEvent(0)
-						e1, _ = c.NewEvent(0)
 						a.Ptr(w).Int(rows).Int(cols).Ptr(x).Int(cols).Ptr(y).Int(rows).Int(T).Ptr(0).Int(0)
 						return m.Launch(c, name, cfg, &a) // warm-up
 					})
 					defer d.Do(func(c *driver.Ctx) error {
-						c.DestroyEvent(e0)
-						c.DestroyEvent(e1)
 						c.Free(w)
 						c.Free(x)
 						return c.Free(y)
@@ -174,27 +114,7 @@ func BenchmarkGPUGemm(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					var ms float32
-					for b.Loop() {
-						err := d.Do(func(c *driver.Ctx) error {
-							c.Record(e0, 0)
-							for range launches {
-								if err := m.Launch(c, name, cfg, &a); err != nil {
-									return err
-								}
-							}
-							c.Record(e1, 0)
-							if err := c.EventSync(e1); err != nil {
-								return err
-							}
-							t, err := c.Elapsed(e0, e1)
-							ms += t
-							return err
-						})
-						if err != nil {
-							b.Fatal(err)
-						}
-					}
+					ms := timeLaunches(b, d, launches, func(c *driver.Ctx) error { return m.Launch(c, name, cfg, &a) })
 					flops := 2 * float64(rows) * float64(cols) * T
 					sec := float64(ms) / 1e3
 					b.SetBytes(nb * launches)
@@ -209,4 +129,71 @@ func BenchmarkGPUGemm(b *testing.B) {
 			}
 		}
 	}
+}
+
+// benchGPU opens GPU 0 with the kernels loaded for a benchmark, or skips
+// without one; the device is closed when the benchmark ends.
+func benchGPU(b *testing.B) (*driver.Device, *kern.Module) {
+	b.Helper()
+	d, err := driver.Open(0)
+	if errors.Is(err, driver.ErrNoDevice) {
+		b.Skipf("no GPU: %v", err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	var m *kern.Module
+	if err := d.Do(func(c *driver.Ctx) error {
+		var err error
+		m, err = loadForTest(c, d)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return d, m
+}
+
+// timeLaunches runs queue launches times between two CUDA events in every
+// b.Loop iteration and returns the milliseconds the events measured in
+// all.
+func timeLaunches(b *testing.B, d *driver.Device, launches int, queue func(c *driver.Ctx) error) float32 {
+	b.Helper()
+	var e0, e1 driver.Event
+	if err := d.Do(func(c *driver.Ctx) error {
+		var err error
+		if e0, err = c.NewEvent(0); err != nil {
+			return err
+		}
+		e1, err = c.NewEvent(0)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer d.Do(func(c *driver.Ctx) error {
+		c.DestroyEvent(e0)
+		return c.DestroyEvent(e1)
+	})
+	var ms float32
+	for b.Loop() {
+		err := d.Do(func(c *driver.Ctx) error {
+			c.Record(e0, 0)
+			for range launches {
+				if err := queue(c); err != nil {
+					return err
+				}
+			}
+			c.Record(e1, 0)
+			if err := c.EventSync(e1); err != nil {
+				return err
+			}
+			t, err := c.Elapsed(e0, e1)
+			ms += t
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ms
 }

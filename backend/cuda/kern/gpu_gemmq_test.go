@@ -1,7 +1,6 @@
 package kern_test
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -166,22 +165,7 @@ func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64
 // 8B q4tp model at ≥ 7,700 tok/s aggregate (T = 64) and pp512 near
 // llama.cpp's 10,650 tok/s.
 func BenchmarkGPUGemmQ(b *testing.B) {
-	d, err := driver.Open(0)
-	if errors.Is(err, driver.ErrNoDevice) {
-		b.Skipf("no GPU: %v", err)
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer d.Close()
-	var m *kern.Module
-	if err := d.Do(func(c *driver.Ctx) error {
-		var err error
-		m, err = loadForTest(c, d)
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
+	d, m := benchGPU(b)
 	const launches = 10
 	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
 		for _, sh := range [][2]int{{14336, 4096}, {4096, 4096}} {
@@ -195,7 +179,6 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 					}
 					b.Run(fmt.Sprintf("%s/%dx%d/T%d/%s", dt, rows, cols, T, path), func(b *testing.B) {
 						var w, x, y, q, s driver.DevicePtr
-						var e0, e1 driver.Event
 						nq, ns := kern.GemmQScratch(cols, T)
 						queue := func(c *driver.Ctx) error {
 							l := m.On(c, 0, false)
@@ -226,13 +209,9 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							q, _ = c.Alloc(nq)
 							s, _ = c.Alloc(ns)
 							c.MemsetD32(x, 0x3c000000, int64(T*cols))
-							e0, _ = c.NewEvent(0)
-							e1, _ = c.NewEvent(0)
 							return queue(c) // warm-up
 						})
 						defer d.Do(func(c *driver.Ctx) error {
-							c.DestroyEvent(e0)
-							c.DestroyEvent(e1)
 							for _, p := range []driver.DevicePtr{w, x, y, q} {
 								c.Free(p)
 							}
@@ -241,27 +220,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						var ms float32
-						for b.Loop() {
-							err := d.Do(func(c *driver.Ctx) error {
-								c.Record(e0, 0)
-								for range launches {
-									if err := queue(c); err != nil {
-										return err
-									}
-								}
-								c.Record(e1, 0)
-								if err := c.EventSync(e1); err != nil {
-									return err
-								}
-								t, err := c.Elapsed(e0, e1)
-								ms += t
-								return err
-							})
-							if err != nil {
-								b.Fatal(err)
-							}
-						}
+						ms := timeLaunches(b, d, launches, func(c *driver.Ctx) error { return queue(c) })
 						flops := 2 * float64(rows) * float64(cols) * float64(T)
 						sec := float64(ms) / 1e3
 						b.SetBytes(nb * launches)
