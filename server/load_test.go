@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cortiq/cortiq/backend/cuda"
 	"github.com/cortiq/cortiq/engine"
 )
 
@@ -172,27 +173,43 @@ func TestLoadDecodeScaling(t *testing.T) {
 	if path == "" {
 		t.Skip("set CORTIQ_LOAD_MODEL to a CMF file to measure batched decode scaling")
 	}
-	e, err := engine.Open(path, engine.Options{})
+	promptLen, newTok := 16, 32
+	if v := os.Getenv("CORTIQ_LOAD_TOKENS"); v != "" {
+		fmt.Sscan(v, &newTok)
+	}
+	if v := os.Getenv("CORTIQ_LOAD_PROMPT"); v != "" {
+		fmt.Sscan(v, &promptLen)
+	}
+	ctxLen := promptLen + newTok + 16
+	opt := engine.Options{}
+	if os.Getenv("CORTIQ_LOAD_DEVICE") == "cuda" {
+		// The GPU path: the K/V pool sized for the 64 slots, graphs and PDL
+		// as cortiq serve opens it; CORTIQ_CUDA_MMQ=1 selects the int8 GEMM.
+		dev, err := cuda.Open(cuda.Options{Seqs: 64, Ctx: ctxLen, Graphs: true, PDL: true, MMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt.Device, opt.OwnDevice = dev, true
+	}
+	e, err := engine.Open(path, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	s := New(Config{Parallel: 64, Queue: 64, Ctx: 256, ModelName: "m", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s := New(Config{Parallel: 64, Queue: 64, Ctx: ctxLen, ModelName: "m", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err := s.Attach(e); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(s)
 	defer func() { ts.CloseClientConnections(); s.Close(); ts.Close() }()
-	newTok := 32
-	if v := os.Getenv("CORTIQ_LOAD_TOKENS"); v != "" {
-		fmt.Sscan(v, &newTok)
-	}
-	one := runLoad(t, ts.URL, 1, 1, 16, newTok)
-	eight := runLoad(t, ts.URL, 8, 8, 16, newTok)
+	one := runLoad(t, ts.URL, 1, 1, promptLen, newTok)
+	eight := runLoad(t, ts.URL, 8, 8, promptLen, newTok)
 	t.Log(one)
 	t.Log(eight)
 	t.Logf("aggregate decode at concurrency 8 / single stream: %.2f×", eight.steadyDecodeTokSec/one.steadyDecodeTokSec)
 	if os.Getenv("CORTIQ_LOAD_FULL") != "" {
-		t.Log(runLoad(t, ts.URL, 64, 64, 16, newTok))
+		full := runLoad(t, ts.URL, 64, 64, promptLen, newTok)
+		t.Log(full)
+		t.Logf("aggregate decode at concurrency 64 / single stream: %.2f×", full.steadyDecodeTokSec/one.steadyDecodeTokSec)
 	}
 }

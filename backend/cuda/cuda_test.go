@@ -277,10 +277,11 @@ func TestGPUGreedyIDs(t *testing.T) {
 
 // TestGPUMMQParity: with Options.MMQ (steps of more than 8 rows over
 // q8_row, q8_2f and q4tp on the int8 tensor-core GEMM) every quantized
-// case × schedule gives logits within the quantized tolerance (NMSE 3e-4,
-// TestGPUParity's) of both the default path (the bf16 GEMM) and the CPU
-// backend; the int8 GEMM quantizes activations as the CPU does, so its
-// distance to the CPU is logged next to the default path's.
+// case × schedule gives the CPU backend's logits to rounding (NMSE 1e-5):
+// the int8 GEMM quantizes activations as the CPU does, so it models the
+// CPU's arithmetic, where the bf16 GEMM rounds activations differently
+// (its distance to the CPU, up to ~9e-4 on MoE cases whose routing flips
+// on a near tie, is logged beside it; TestGPUParity judges that path).
 func TestGPUMMQParity(t *testing.T) {
 	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, MMQ: true})
 	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
@@ -299,8 +300,8 @@ func TestGPUMMQParity(t *testing.T) {
 			b, _ := runCase(t, g, k, s, 3)
 			want, _ := runCase(t, c, k, s, 3)
 			nd, nc, ndc := backendtest.NMSE(a, b), backendtest.NMSE(a, want), backendtest.NMSE(b, want)
-			if nd > 3e-4 || nc > 3e-4 || nd != nd || nc != nc {
-				t.Errorf("%s / %s: MMQ against the default path NMSE %.3g, against the CPU %.3g (tolerance 3e-4)", k.Name, name, nd, nc)
+			if nc > 1e-5 || nc != nc {
+				t.Errorf("%s / %s: MMQ against the CPU NMSE %.3g (tolerance 1e-5; against the bf16 GEMM %.3g)", k.Name, name, nc, nd)
 			}
 			if name == "prefill9+decode" || name == "decode_across_64" {
 				t.Logf("%s / %s: NMSE MMQ–default %.3g, MMQ–CPU %.3g, default–CPU %.3g", k.Name, name, nd, nc, ndc)

@@ -16,8 +16,9 @@ func TestGPUGateSplitMul(t *testing.T) {
 	qd := nq * hd
 	lds, ldq, ldg := 2*qd+kv+3, qd+kv+1, qd+2
 	src := r.vec(R*lds, 1)
-	dq, dg := g.zeros(R*ldq), g.zeros(R*ldg)
-	g.run(func(l *kern.Launcher) error { return l.GateSplit(g.f32(src), lds, dq, ldq, dg, ldg, nq, hd, kv, R) })
+	// Uploads first: g.run holds the device's thread, so g.f32 inside it would deadlock.
+	ds, dq, dg := g.f32(src), g.zeros(R*ldq), g.zeros(R*ldg)
+	g.run(func(l *kern.Launcher) error { return l.GateSplit(ds, lds, dq, ldq, dg, ldg, nq, hd, kv, R) })
 	q, gate := g.readF32(dq, R*ldq), g.readF32(dg, R*ldg)
 	for row := range R {
 		for h := range nq {

@@ -19,6 +19,7 @@ type gpu struct {
 	d    *driver.Device
 	m    *kern.Module
 	ptrs []driver.DevicePtr
+	busy bool // inside do
 }
 
 // newGPU opens device 0 with the embedded kernels, or skips the test with
@@ -63,6 +64,14 @@ func loadForTest(c *driver.Ctx, d *driver.Device) (*kern.Module, error) {
 
 func (g *gpu) do(f func(c *driver.Ctx) error) {
 	g.t.Helper()
+	if g.busy {
+		// Device.Do runs f on the device's one thread: a nested call (an
+		// upload inside g.run's function) would wait for itself forever.
+		// It runs on the device's goroutine, where t.Fatal may not be called.
+		panic("gpu harness: nested device call (upload before g.run)")
+	}
+	g.busy = true
+	defer func() { g.busy = false }()
 	if err := g.d.Do(f); err != nil {
 		g.t.Fatal(err)
 	}

@@ -95,9 +95,9 @@ func TestGPUMoE(t *testing.T) {
 	x0 := r.vec(R*H, 1)
 	y := r.vec(R*k*H, 1)
 	ys, sg := r.vec(R*H, 1), r.vec(R, 1)
-	dx := g.f32(x0)
+	dx, dy, dys, dsg := g.f32(x0), g.f32(y), g.f32(ys), g.f32(sg) // before g.run: uploads inside it would deadlock
 	g.run(func(l *kern.Launcher) error {
-		return l.MoECombine(dx, H, g.f32(y), H, wts, k, g.f32(ys), g.f32(sg), H, R)
+		return l.MoECombine(dx, H, dy, H, wts, k, dys, dsg, H, R)
 	})
 	got := g.readF32(dx, R*H)
 	for row := range R {
