@@ -55,6 +55,10 @@ type Options struct {
 	// (separate rmsnorm and silu_mul launches): the parity tests compare
 	// both.
 	NoFusion bool
+	// NoMoEGroups runs every mixture-of-experts step one matvec per (row,
+	// slot) (mv_moe_*) instead of grouping steps of more than 8 rows by
+	// expert (moe_sort + gemmq_moe_*): the parity tests compare both.
+	NoMoEGroups bool
 	// MMQ runs the steps of more than 8 rows (prefill chunks, batched
 	// decode) over q8_row, q8_2f and q4tp weights on the int8
 	// tensor-core GEMM (kern.GemmQ: activations quantized per block of 32

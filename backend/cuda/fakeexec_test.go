@@ -254,7 +254,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				d.set(t*nb+b, s)
 			}
 		}
-	case strings.HasPrefix(name, "gemmq_"):
+	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
 		// scale after the sum), + bias, =|+= Y.
 		fam := strings.Split(name, "_")[1]
@@ -585,9 +585,114 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				y.set(s*ldy+o, float32(acc))
 			}
 		}
+	case name == "moe_sort":
+		nslot, E, ntile := c.int(1), c.int(2), c.int(6)
+		ids := f.bytesAt(c.ptr(0), 4*int64(nslot))
+		perm, inv, tile := f.bytesAt(c.ptr(3), 4*int64(ntile*kern.MoETile)), f.bytesAt(c.ptr(4), 4*int64(nslot)), f.bytesAt(c.ptr(5), 4*int64(ntile))
+		put := func(b []byte, i, v int) { binary.LittleEndian.PutUint32(b[4*i:], uint32(int32(v))) }
+		for t := range ntile {
+			put(tile, t, -1)
+		}
+		t := 0
+		for e := range E {
+			i0 := t * kern.MoETile
+			i := i0
+			for sl := range nslot {
+				if int(int32(binary.LittleEndian.Uint32(ids[4*sl:]))) == e {
+					put(perm, i, sl)
+					put(inv, sl, i)
+					i++
+				}
+			}
+			nt := (i - i0 + kern.MoETile - 1) / kern.MoETile
+			for ; i < i0+nt*kern.MoETile; i++ {
+				put(perm, i, -1)
+			}
+			for j := range nt {
+				if t+j >= ntile {
+					f.t.Fatalf("fake: moe_sort needs more than %d tiles", ntile)
+				}
+				put(tile, t+j, e)
+			}
+			t += nt
+		}
+	case name == "moe_gather_q":
+		cols, k, rows := c.int(2), c.int(3), int(g.X)
+		nb := cols / 32
+		perm, tile := f.bytesAt(c.ptr(4), 4*int64(rows)), f.bytesAt(c.ptr(5), 4*int64(rows/kern.MoETile))
+		xqs, ds := f.bytesAt(c.ptr(6), int64(rows*cols)), f.view(c.ptr(7), rows*nb)
+		for i := range rows {
+			if int32(binary.LittleEndian.Uint32(tile[4*(i/kern.MoETile):])) < 0 {
+				continue
+			}
+			sl := int(int32(binary.LittleEndian.Uint32(perm[4*i:])))
+			if sl < 0 {
+				clear(xqs[i*cols : (i+1)*cols])
+				for b := range nb {
+					ds.set(i*nb+b, 0)
+				}
+				continue
+			}
+			r := sl / k
+			copy(xqs[i*cols:(i+1)*cols], f.bytesAt(c.ptr(0).Add(int64(r*cols)), int64(cols)))
+			d := f.view(c.ptr(1).Add(int64(4*r*nb)), nb)
+			for b := range nb {
+				ds.set(i*nb+b, d.at(b))
+			}
+		}
+	case strings.HasPrefix(name, "gemmq_moe_"):
+		fam := strings.TrimPrefix(name, "gemmq_moe_")
+		rowsE, cols, ldy, T := c.int(2), c.int(3), c.int(7), c.int(8)
+		nb := cols / 32
+		tile := f.bytesAt(c.ptr(1), 4*int64(T/kern.MoETile))
+		xq, d := f.bytesAt(c.ptr(4), int64(T*cols)), f.view(c.ptr(5), T*nb)
+		y := f.view(c.ptr(6), int(rowsSpan(T, ldy, rowsE)/4))
+		xv := make([]float64, cols)
+		for t := range T {
+			e := int(int32(binary.LittleEndian.Uint32(tile[4*(t/kern.MoETile):])))
+			if e < 0 {
+				continue
+			}
+			wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*e)), 8)))
+			var w []float32
+			if fam == "q8row" {
+				w = f.weights("q8quants", wp, rowsE, cols)
+			} else {
+				w = f.weights(fam, wp, rowsE, cols)
+			}
+			for kk := range cols {
+				xv[kk] = float64(int8(xq[t*cols+32*(kk/32)+qpos(kk%32, fam == "q4tp")])) * float64(d.at(t*nb+kk/32))
+			}
+			for o := range rowsE {
+				var acc float64
+				for kk, v := range xv {
+					acc += float64(w[o*cols+kk]) * v
+				}
+				v := float32(acc)
+				if fam == "q8row" {
+					v *= f.q8scale(wp, rowsE, cols, o)
+				}
+				y.set(t*ldy+o, v)
+			}
+		}
 	case name == "moe_combine":
 		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
-		x, y := f.view(c.ptr(0), int(rowsSpan(R, ldx, n)/4)), f.view(c.ptr(2), int(rowsSpan(R*k, ldy, n)/4))
+		yrows := R * k
+		var inv []byte
+		if c.ptr(9) != 0 {
+			inv = f.bytesAt(c.ptr(9), 4*int64(R*k))
+			yrows = 0
+			for j := range R * k {
+				yrows = max(yrows, int(int32(binary.LittleEndian.Uint32(inv[4*j:])))+1)
+			}
+		}
+		x, y := f.view(c.ptr(0), int(rowsSpan(R, ldx, n)/4)), f.view(c.ptr(2), int(rowsSpan(yrows, ldy, n)/4))
+		yrow := func(j int) int {
+			if inv == nil {
+				return j
+			}
+			return int(int32(binary.LittleEndian.Uint32(inv[4*j:])))
+		}
 		wv := f.view(c.ptr(4), R*k)
 		var ys, sg f32s
 		if c.ptr(6) != 0 {
@@ -597,7 +702,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			for i := range n {
 				v := x.at(r*ldx + i)
 				for j := range k {
-					v += wv.at(r*k+j) * y.at((r*k+j)*ldy+i)
+					v += wv.at(r*k+j) * y.at(yrow(r*k+j)*ldy+i)
 				}
 				if ys != nil {
 					v += float32(1/(1+math.Exp(-float64(sg.at(r))))) * ys.at(r*ldy+i)
@@ -721,5 +826,70 @@ func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 		if ran == 0 {
 			t.Fatal("no int8 GEMM ran")
 		}
+	}
+}
+
+// TestMoEGroupedOnFake: the parity suite's mixture-of-experts cases run
+// their steps of more than 8 rows grouped by expert (moe_sort,
+// moe_gather_q, gemmq_moe_*: the kernels' models) and give the CPU's
+// logits to float rounding (the grouped path quantizes activations as the
+// CPU does; the dense layers on the int8 GEMM too: Options.MMQ), graphs on
+// and off; with Options.NoMoEGroups no grouped kernel runs and the logits
+// are the same to rounding.
+func TestMoEGroupedOnFake(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	for _, graphs := range []bool{false, true} {
+		f := newFake(t, 4)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, MMQ: true})
+		f2 := newFake(t, 4)
+		f2.numeric, f2.decoded = true, map[string][]float32{}
+		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true, MMQ: true})
+		grouped := 0
+		for _, k := range backendtest.Cases() {
+			if !strings.HasPrefix(k.Name, "moe/") {
+				continue
+			}
+			for name, sched := range backendtest.Schedules() {
+				n0, m0 := len(f.calls), len(f2.calls)
+				got, err := backendtest.Run(d, k, sched, 11)
+				if notYet(err) {
+					t.Logf("%s: NOT RUN (%v)", k.Name, err)
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s / %s: %v", k.Name, name, err)
+				}
+				slots, err := backendtest.Run(d2, k, sched, 11)
+				if err != nil {
+					t.Fatalf("%s / %s (no groups): %v", k.Name, name, err)
+				}
+				for _, call := range f.calls[n0:] {
+					if strings.HasPrefix(call.name, "gemmq_moe_") {
+						grouped++
+					}
+				}
+				for _, call := range f2.calls[m0:] {
+					if strings.HasPrefix(call.name, "gemmq_moe_") || call.name == "moe_sort" {
+						t.Fatalf("%s / %s: %s ran with NoMoEGroups", k.Name, name, call.name)
+					}
+				}
+				want, err := backendtest.Run(c, k, sched, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := backendtest.NMSE(got, want); n > 1e-5 || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: grouped NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
+				}
+				if n := backendtest.NMSE(got, slots); n > 1e-9 || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: grouped vs per-slot NMSE %.3g (tolerance 1e-9)", graphs, k.Name, name, n)
+				}
+			}
+		}
+		if grouped == 0 {
+			t.Fatal("no grouped expert GEMM ran")
+		}
+		t.Logf("graphs %v: %d grouped expert GEMMs", graphs, grouped)
 	}
 }

@@ -25,8 +25,9 @@ const moeMaxSlots = 64
 // products over the selected expert (mv_moe_*: the expert is looked up in
 // a device table of base pointers, so the choice never leaves the device),
 // the shared expert with its sigmoid gate, and the weighted sum into x
-// (moe_combine). Only the selected experts' bytes are read; a prefill
-// chunk is not yet grouped by expert (each row reads its own experts).
+// (moe_combine). Only the selected experts' bytes are read; a step of more
+// than moeGroupRows rows groups its (row, slot) pairs by expert, so that
+// each expert is read once a tile of kern.MoETile pairs (moeGrouped).
 func (st *state) MoE(w *backend.MoE) {
 	if st.err != nil {
 		return
@@ -64,20 +65,19 @@ func (st *state) MoE(w *backend.MoE) {
 	gu := st.buf("moe_gu", int64(M)*int64(k)*int64(2*I)*4)
 	yd := st.buf("moe_y", int64(M)*int64(k)*int64(H)*4)
 	tabs := st.moeTables(w)
+	if E > kern.MoEMaxExperts {
+		st.fail(fmt.Errorf("cuda: mixture of %d experts (the device routes at most %d)", E, kern.MoEMaxExperts))
+		return
+	}
 	st.rmsnorm(x, xb, R, H, &w.Norm)
 	st.mv(w.Router.(*mat), xb, H, logits, E, 0, false, R)
 	st.a().Ptr(logits).Int(E).Int(E).Int(k).Int(b2i(w.Renorm)).Ptr(ids).Ptr(wts)
 	st.launch("moe_route", driver.D1(R), driver.D1(256), 0)
-	chunk := max(1, moeMaxSlots/k)
-	for c0 := 0; c0 < R; c0 += chunk {
-		n := min(chunk, R-c0)
-		sl := int64(c0 * k)
-		for j, t := range tabs[:2] { // gate, up
-			st.moeLaunch(fam, t, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
-				gu.Add(4*sl*int64(2*I)+int64(4*j*I)), 2*I, kern.ProPlain, n)
-		}
-		st.moeLaunch(fam, tabs[2], ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
-			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+	var inv driver.DevicePtr
+	if R > moeGroupRows && st.moeGroupable(w, dt, H, I, R*k) {
+		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
+	} else {
+		st.moeSlots(fam, tabs, xb, ids, gu, yd, R, H, I, k)
 	}
 	var ys, sg driver.DevicePtr
 	if w.Shared != nil {
@@ -93,8 +93,93 @@ func (st *state) MoE(w *backend.MoE) {
 		st.mv(w.Shared.Down.(*mat), sh, sI, ys, H, 0, false, R)
 		st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
 	}
-	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H)
+	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H).Ptr(inv)
 	st.launch("moe_combine", driver.D2((H+255)/256, R), driver.D1(256), 0)
+}
+
+// moeGroupRows: steps of more rows than this (prefill chunks, large
+// batches) run the experts grouped (moeGrouped); smaller ones one matvec
+// per (row, slot) (moeSlots).
+const moeGroupRows = 8
+
+// moeGroupable reports whether w's experts can run grouped on the int8
+// tensor cores (kern.MoEGroupedSupported; Options.NoMoEGroups keeps the
+// per-slot matvecs, whose arithmetic is the same).
+func (st *state) moeGroupable(w *backend.MoE, dt quant.DType, H, I, nslot int) bool {
+	if st.d.opt.NoMoEGroups {
+		return false
+	}
+	ptrs := make([]kern.Ptr, 0, 3*len(w.Experts))
+	for _, ex := range w.Experts {
+		ptrs = append(ptrs, ex.Gate.(*mat).p, ex.Up.(*mat).p, ex.Down.(*mat).p)
+	}
+	return kern.MoEGroupedSupported(dt, H, nslot, len(w.Experts), ptrs) && kern.MoEGroupedSupported(dt, I, nslot, len(w.Experts), nil)
+}
+
+// moeGrouped runs the experts of an R-row step grouped by expert: moe_sort
+// orders the R·k (row, slot) pairs by expert in tiles of kern.MoETile rows;
+// the rows' activations are quantized once (gemmq_actq) and gathered into
+// that order (moe_gather_q); gemmq_moe_* multiplies each tile by its
+// expert's gate and up weights, silu_mul and gemmq_actq prepare the down
+// product's activations in the same order, and gemmq_moe_* the down
+// weights. Each selected expert's weights are read once a tile, not once
+// a row. It returns the down outputs (sorted rows) and the map from a slot
+// to its sorted row, for moe_combine.
+func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]driver.DevicePtr, xb, ids driver.DevicePtr,
+	R, H, I, E, k int) (yd, inv driver.DevicePtr) {
+	M := st.d.opt.MaxRows
+	nslot := R * k
+	ntile, tmax := kern.MoETiles(nslot, E), kern.MoETiles(M*k, E)
+	rows := ntile * kern.MoETile
+	perm := st.buf("moeg_perm", int64(tmax*kern.MoETile)*4)
+	inv = st.buf("moeg_inv", int64(M*k)*4)
+	tileE := st.buf("moeg_tile", int64(tmax)*4)
+	nq, ns := kern.GemmQScratch(H, M)
+	xq, xd := st.buf("moeg_xq", nq), st.buf("moeg_xd", ns)
+	gq, gd := kern.GemmQScratch(max(H, I), tmax*kern.MoETile)
+	sq, sd := st.buf("moeg_q", gq), st.buf("moeg_d", gd)
+	gu := st.buf("moeg_gu", int64(tmax*kern.MoETile)*int64(2*I)*4)
+	h := st.buf("moeg_h", int64(tmax*kern.MoETile)*int64(I)*4)
+	yd = st.buf("moeg_y", int64(tmax*kern.MoETile)*int64(H)*4)
+	perm4 := b2i(dt == quant.Q4TP)
+
+	st.a().Ptr(ids).Int(nslot).Int(E).Ptr(perm).Ptr(inv).Ptr(tileE).Int(ntile)
+	st.launch("moe_sort", driver.D1(1), driver.D1(1024), 0)
+	cfg := kern.ActQuantLaunch(H, R)
+	st.a().Ptr(xb).Int(H).Int(H).Ptr(xq).Ptr(xd).Int(perm4)
+	st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+	st.a().Ptr(xq).Ptr(xd).Int(H).Int(k).Ptr(perm).Ptr(tileE).Ptr(sq).Ptr(sd)
+	st.launch("moe_gather_q", driver.D1(rows), driver.D1(128), 0)
+	grid, block := kern.GemmQMoELaunch(I, ntile)
+	for j, t := range tabs[:2] { // gate, up: [gate | up] rows of 2I
+		st.a().Ptr(t).Ptr(tileE).Int(I).Int(H).Ptr(sq).Ptr(sd).Ptr(gu.Add(int64(4 * j * I))).Int(2 * I).Int(rows)
+		st.launch("gemmq_moe_"+fam, grid, block, 0)
+	}
+	st.a().Ptr(gu).Ptr(gu.Add(int64(4 * I))).Int(2 * I).Ptr(h).Int(I).Int(I)
+	st.launch("silu_mul", driver.D2((I+255)/256, rows), driver.D1(256), 0)
+	cfg = kern.ActQuantLaunch(I, rows)
+	st.a().Ptr(h).Int(I).Int(I).Ptr(sq).Ptr(sd).Int(perm4)
+	st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+	grid, block = kern.GemmQMoELaunch(H, ntile)
+	st.a().Ptr(tabs[2]).Ptr(tileE).Int(H).Int(I).Ptr(sq).Ptr(sd).Ptr(yd).Int(H).Int(rows)
+	st.launch("gemmq_moe_"+fam, grid, block, 0)
+	return yd, inv
+}
+
+// moeSlots runs the experts of a small step one matvec per (row, slot)
+// over the selected expert (mv_moe_*), in chunks of moeMaxSlots slots.
+func (st *state) moeSlots(fam string, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, k int) {
+	chunk := max(1, moeMaxSlots/k)
+	for c0 := 0; c0 < R; c0 += chunk {
+		n := min(chunk, R-c0)
+		sl := int64(c0 * k)
+		for j, t := range tabs[:2] { // gate, up
+			st.moeLaunch(fam, t, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+				gu.Add(4*sl*int64(2*I)+int64(4*j*I)), 2*I, kern.ProPlain, n)
+		}
+		st.moeLaunch(fam, tabs[2], ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+	}
 }
 
 // moeLaunch queues mv_moe_<fam> over nslot slots of rowsE×cols experts from

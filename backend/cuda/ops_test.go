@@ -430,7 +430,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		q, s := kern.GemmQScratch(cols, T)
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s))
-	case strings.HasPrefix(name, "gemmq_"):
+	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		rows, cols, ldy, T := c.int(1), c.int(2), c.int(6), c.int(7)
 		fam := strings.Split(name, "_")[1]
 		wantName, grid, block := kern.GemmQKernel(fam, rows, T)
@@ -516,12 +516,36 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			f.span("ids", c.ptr(1), 4*int64(nslot)), f.span("x", c.ptr(6), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(10), rowsSpan(nslot, ldy, rowsE)))
 	case name == "moe_combine":
 		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
+		yrows := R * k
+		if c.ptr(9) != 0 { // sorted rows of the grouped path: bounded by the inverse map's values (checked numerically)
+			yrows = 1
+		}
 		errs := []error{want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldx >= n && ldy >= n, "ld"),
-			f.span("x", c.ptr(0), rowsSpan(R, ldx, n)), f.span("y", c.ptr(2), rowsSpan(R*k, ldy, n)), f.span("w", c.ptr(4), 4*int64(R*k))}
+			f.span("x", c.ptr(0), rowsSpan(R, ldx, n)), f.span("y", c.ptr(2), rowsSpan(yrows, ldy, n)), f.span("w", c.ptr(4), 4*int64(R*k))}
+		if c.ptr(9) != 0 {
+			errs = append(errs, f.span("inv", c.ptr(9), 4*int64(R*k)))
+		}
 		if c.ptr(6) != 0 {
 			errs = append(errs, f.span("shared", c.ptr(6), rowsSpan(R, ldy, n)), f.span("gate", c.ptr(7), 4*int64(R)))
 		}
 		return errorsJoin(errs...)
+	case name == "moe_sort":
+		nslot, E, ntile := c.int(1), c.int(2), c.int(6)
+		return errorsJoin(want(g.X == 1 && b.X == 1024, "shape"),
+			want(nslot >= 1 && nslot <= kern.MoEMaxSlots && E >= 1 && E <= kern.MoEMaxExperts && ntile >= kern.MoETiles(nslot, E), "sizes"),
+			f.span("ids", c.ptr(0), 4*int64(nslot)), f.span("perm", c.ptr(3), 4*int64(ntile*kern.MoETile)),
+			f.span("inv", c.ptr(4), 4*int64(nslot)), f.span("tile", c.ptr(5), 4*int64(ntile)))
+	case name == "moe_gather_q":
+		cols, rows := c.int(2), int(g.X)
+		return errorsJoin(want(b.X == 128 && cols%32 == 0 && rows%kern.MoETile == 0, "shape"),
+			f.span("perm", c.ptr(4), 4*int64(rows)), f.span("tile", c.ptr(5), 4*int64(rows/kern.MoETile)),
+			f.span("xqs", c.ptr(6), int64(rows)*int64(cols)), f.span("ds", c.ptr(7), 4*int64(rows)*int64(cols/32)))
+	case strings.HasPrefix(name, "gemmq_moe_"):
+		rowsE, cols, ldy, T := c.int(2), c.int(3), c.int(7), c.int(8)
+		wg, wb := kern.GemmQMoELaunch(rowsE, T/kern.MoETile)
+		return errorsJoin(want(g == wg && b == wb && T%kern.MoETile == 0 && cols%32 == 0, "shape"), want(ldy >= rowsE, "ld"),
+			f.span("tile", c.ptr(1), 4*int64(T/kern.MoETile)), f.span("xqs", c.ptr(4), int64(T)*int64(cols)),
+			f.span("ds", c.ptr(5), 4*int64(T)*int64(cols/32)), f.span("y", c.ptr(6), rowsSpan(T, ldy, rowsE)))
 	case name == "argmax":
 		ld, n, R := c.int(1), c.int(2), int(g.X)
 		return errorsJoin(want(b.X == 1024 && g.Y == 1, "shape"), want(ld >= n && n > 0, "ld"),

@@ -97,7 +97,7 @@ func TestGPUMoE(t *testing.T) {
 	ys, sg := r.vec(R*H, 1), r.vec(R, 1)
 	dx, dy, dys, dsg := g.f32(x0), g.f32(y), g.f32(ys), g.f32(sg) // before g.run: uploads inside it would deadlock
 	g.run(func(l *kern.Launcher) error {
-		return l.MoECombine(dx, H, dy, H, wts, k, dys, dsg, H, R)
+		return l.MoECombine(dx, H, dy, H, wts, k, dys, dsg, H, R, 0)
 	})
 	got := g.readF32(dx, R*H)
 	for row := range R {
@@ -109,6 +109,106 @@ func TestGPUMoE(t *testing.T) {
 			v += float32(1/(1+math.Exp(-float64(sg[row])))) * ys[row*H+i]
 			if math.Abs(float64(got[row*H+i]-v)) > 1e-5*(1+math.Abs(float64(v))) {
 				t.Fatalf("combine row %d col %d: %g, want %g", row, i, got[row*H+i], v)
+			}
+		}
+	}
+}
+
+// TestGPUMoEGrouped: moe_sort orders (row, slot) pairs by expert in tiles
+// of kern.MoETile (each expert's pairs in slot order, padding −1, the
+// inverse map, unused tiles −1) as a plain Go sort does; moe_gather_q and
+// gemmq_moe_* then give every sorted row its expert's product over the
+// row's ActQuant activations (float64 reference), for q8_row and q4tp.
+func TestGPUMoEGrouped(t *testing.T) {
+	g := newGPU(t)
+	r := rng(57)
+	const E, k, R, H, I = 8, 3, 37, 96, 64
+	nslot := R * k
+	ids := make([]int32, nslot)
+	for s := range ids {
+		ids[s] = int32((s*7 + s/5) % E)
+		if s%11 == 0 {
+			ids[s] = 2 // a crowded expert: several tiles
+		}
+	}
+	ntile := kern.MoETiles(nslot, E)
+	dids := g.i32(ids)
+	perm, inv, tile := g.zeros(ntile*kern.MoETile), g.zeros(nslot), g.zeros(ntile)
+	g.run(func(l *kern.Launcher) error { return l.MoESort(dids, nslot, E, perm, inv, tile, ntile) })
+	gp, gi, gt := g.readI32(perm, ntile*kern.MoETile), g.readI32(inv, nslot), g.readI32(tile, ntile)
+	wantT := 0
+	for e := range E {
+		var mine []int
+		for s, id := range ids {
+			if int(id) == e {
+				mine = append(mine, s)
+			}
+		}
+		nt := (len(mine) + kern.MoETile - 1) / kern.MoETile
+		for j := range nt * kern.MoETile {
+			at := wantT*kern.MoETile + j
+			want := -1
+			if j < len(mine) {
+				want = mine[j]
+				if int(gi[want]) != at {
+					t.Fatalf("inv[%d] = %d, want %d", want, gi[want], at)
+				}
+			}
+			if int(gp[at]) != want {
+				t.Fatalf("expert %d: perm[%d] = %d, want %d", e, at, gp[at], want)
+			}
+		}
+		for j := range nt {
+			if int(gt[wantT+j]) != e {
+				t.Fatalf("tile %d: expert %d, want %d", wantT+j, gt[wantT+j], e)
+			}
+		}
+		wantT += nt
+	}
+	for j := wantT; j < ntile; j++ {
+		if gt[j] != -1 {
+			t.Fatalf("unused tile %d: expert %d, want -1", j, gt[j])
+		}
+	}
+	x := r.vec(R*H, 1)
+	dx := g.f32(x)
+	rows := ntile * kern.MoETile
+	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+		ws := make([][]float32, E)
+		tab := make([]byte, 8*E)
+		for e := range E {
+			wb, _ := quant.Encode(dt, r.vec(I*H, 0.05), []int{I, H}, nil)
+			ws[e], _ = quant.Decode(dt, wb, []int{I, H})
+			binary.LittleEndian.PutUint64(tab[8*e:], uint64(g.upload(wb)))
+		}
+		dtab := g.upload(tab)
+		nq, ns := kern.GemmQScratch(H, R)
+		xq, xd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
+		sq, sd := g.upload(make([]byte, rows*H)), g.upload(make([]byte, 4*rows*H/32))
+		y := g.zeros(rows * I)
+		g.run(func(l *kern.Launcher) error {
+			if err := l.ActQuant(dt, dx, H, H, xq, xd, R); err != nil {
+				return err
+			}
+			if err := l.MoEGatherQ(xq, xd, H, k, perm, tile, sq, sd, ntile); err != nil {
+				return err
+			}
+			return l.GemmQMoE(dt, dtab, tile, I, H, sq, sd, y, I, ntile)
+		})
+		got := g.readF32(y, rows*I)
+		for s := range nslot {
+			e, at := int(ids[s]), int(gi[s])
+			xv := kern.ActQuant(x[(s/k)*H : (s/k+1)*H])
+			for o := range I {
+				var want, mag float64
+				for i, v := range xv {
+					p := float64(ws[e][o*H+i]) * v
+					want += p
+					mag += math.Abs(p)
+				}
+				if d := math.Abs(float64(got[at*I+o]) - want); d > 1e-5*mag+1e-7 {
+					t.Fatalf("%s slot %d (expert %d, sorted row %d) row %d: %g, reference %g", dt, s, e, at, o, got[at*I+o], want)
+				}
 			}
 		}
 	}

@@ -367,6 +367,15 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	return append([]call{{"gemmq_actq", cfg, qa}}, one(name, grid, block, 0, ga)...), nil
 }
 
+// ActQuant queues gemmq_actq: T rows of X (ldx apart, cols % 32 == 0)
+// quantized per block of 32 into XQ [T][cols] and D [T][cols/32], in
+// format d's order (q4tp permuted).
+func (l *Launcher) ActQuant(d quant.DType, X Ptr, ldx, cols int, XQ, D Ptr, T int) error {
+	g := GemmQ{X: X, Ldx: ldx, Cols: cols, Quants: XQ, Scales: D}
+	cfg := ActQuantLaunch(cols, T)
+	return l.run([]call{{"gemmq_actq", cfg, g.PackQuant(new(driver.Args), d)}}, nil)
+}
+
 // GemmQ queues g over T rows (see GemmQ).
 func (l *Launcher) GemmQ(d quant.DType, g GemmQ, T int) error {
 	cs, err := g.Calls(d, T)
@@ -571,15 +580,87 @@ func (l *Launcher) MoEMatvec(d quant.DType, table, ids Ptr, nslot, k, rowsE, col
 	return l.run(moeMatvecCalls(d, table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
 }
 
-func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int) []call {
-	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(w).Int(k).Ptr(ys).Ptr(g).Int(n)
+func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int, inv Ptr) []call {
+	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(w).Int(k).Ptr(ys).Ptr(g).Int(n).Ptr(inv)
 	return one("moe_combine", driver.D2((n+255)/256, R), driver.D1(256), 0, a)
 }
 
-// MoECombine queues x[r] += Σ_j w[r][j]·y[r·k+j] (+ σ(g[r])·ys[r] when ys
-// is set) for R rows of n.
-func (l *Launcher) MoECombine(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int) error {
-	return l.run(moeCombineCalls(x, ldx, y, ldy, w, k, ys, g, n, R), nil)
+// MoECombine queues x[r] += Σ_j w[r][j]·y[m(r·k+j)] (+ σ(g[r])·ys[r] when
+// ys is set) for R rows of n, m = inv (MoESort's sorted rows) or the
+// identity when inv is 0.
+func (l *Launcher) MoECombine(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int, inv Ptr) error {
+	return l.run(moeCombineCalls(x, ldx, y, ldy, w, k, ys, g, n, R, inv), nil)
+}
+
+// Grouped experts (moe.cu): limits and tile of moe_sort / gemmq_moe_*.
+const (
+	MoETile       = 32   // MOE_BM: sorted rows a tile, all of one expert
+	MoEMaxSlots   = 8192 // MOE_MAXSLOT: rows × top-k of one moe_sort
+	MoEMaxExperts = 1024 // MOE_MAXE
+)
+
+// MoETiles bounds the tiles of nslot (row, slot) pairs over E experts:
+// each non-empty expert (at most min(E, nslot)) wastes less than one.
+func MoETiles(nslot, E int) int { return (nslot+MoETile-1)/MoETile + min(E, nslot) }
+
+// MoEGroupedSupported reports whether experts of format d, cols columns
+// (gate/up: the width; down: the inner size) and the given base pointers
+// can run grouped on gemmq_moe_*.
+func MoEGroupedSupported(d quant.DType, cols, nslot, E int, ptrs []Ptr) bool {
+	if d != quant.Q8Row && d != quant.Q4TP || cols%ActQuantBlock != 0 || nslot > MoEMaxSlots || E > MoEMaxExperts {
+		return false
+	}
+	for _, p := range ptrs {
+		if p%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func moeSortCalls(ids Ptr, nslot, E int, perm, inv, tileE Ptr, ntile int) []call {
+	a := new(driver.Args).Ptr(ids).Int(nslot).Int(E).Ptr(perm).Ptr(inv).Ptr(tileE).Int(ntile)
+	return one("moe_sort", driver.D1(1), driver.D1(1024), 0, a)
+}
+
+// MoESort queues the sort of nslot expert ids by expert into perm (ntile ×
+// MoETile sorted rows: the slot, −1 for padding), inv (each slot's sorted
+// row) and tileE (each tile's expert, −1 unused).
+func (l *Launcher) MoESort(ids Ptr, nslot, E int, perm, inv, tileE Ptr, ntile int) error {
+	return l.run(moeSortCalls(ids, nslot, E, perm, inv, tileE, ntile), nil)
+}
+
+func moeGatherCalls(xq, d Ptr, cols, k int, perm, tileE, xqs, ds Ptr, ntile int) []call {
+	a := new(driver.Args).Ptr(xq).Ptr(d).Int(cols).Int(k).Ptr(perm).Ptr(tileE).Ptr(xqs).Ptr(ds)
+	return one("moe_gather_q", driver.D1(ntile*MoETile), driver.D1(128), 0, a)
+}
+
+// MoEGatherQ queues the copy of each sorted row's int8 activations (row
+// perm[i]/k of xq, d: gemmq_actq's layout) into xqs, ds.
+func (l *Launcher) MoEGatherQ(xq, d Ptr, cols, k int, perm, tileE, xqs, ds Ptr, ntile int) error {
+	return l.run(moeGatherCalls(xq, d, cols, k, perm, tileE, xqs, ds, ntile), nil)
+}
+
+// GemmQMoELaunch is the launch of gemmq_moe_<fam> over ntile tiles of
+// rowsE weight rows.
+func GemmQMoELaunch(rowsE, ntile int) (grid, block driver.Dim3) {
+	return driver.D2((rowsE+63)/64, ntile), driver.D1(256)
+}
+
+func gemmqMoECalls(d quant.DType, table, tileE Ptr, rowsE, cols int, xqs, ds, y Ptr, ldy, ntile int) ([]call, error) {
+	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[d]
+	if fam == "" {
+		return nil, fmt.Errorf("kern: grouped experts in %s (q8_row or q4tp only)", d)
+	}
+	a := new(driver.Args).Ptr(table).Ptr(tileE).Int(rowsE).Int(cols).Ptr(xqs).Ptr(ds).Ptr(y).Int(ldy).Int(ntile * MoETile)
+	g, b := GemmQMoELaunch(rowsE, ntile)
+	return one("gemmq_moe_"+fam, g, b, 0, a), nil
+}
+
+// GemmQMoE queues Y[i] = W_e·x̂[i] for the sorted rows of every used tile,
+// e its expert, W_e = table[e] (rowsE×cols, format d).
+func (l *Launcher) GemmQMoE(d quant.DType, table, tileE Ptr, rowsE, cols int, xqs, ds, y Ptr, ldy, ntile int) error {
+	return l.run(gemmqMoECalls(d, table, tileE, rowsE, cols, xqs, ds, y, ldy, ntile))
 }
 
 // Gated attention (gate.cu).

@@ -13,46 +13,171 @@
 #include "common.cuh"
 
 // moe_route: one block per activation row. Params (logits, ldl, E, k,
-// renorm, ids, w): ids/w [R][k]. Launch: grid R, block 256.
+// renorm, ids, w): ids/w [R][k]. Launch: grid R, block 256, E ≤ MOE_MAXE.
+// The softmax is spread over the block; the top k are picked by warp 0 from
+// the probabilities in shared memory, k rounds of a warp argmax (greater
+// probability, then the lower index; a NaN counts as −1, below every
+// probability), each round marking its pick taken.
+#define MOE_MAXE 1024
 extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ logits, int ldl, int E, int k, int renorm,
                                                             int* __restrict__ ids, float* __restrict__ w) {
   __shared__ double red[32];
   __shared__ float fred[32];
+  __shared__ float p[MOE_MAXE];
   pdl_trigger();
   pdl_wait();
-  const int r = blockIdx.x, tid = threadIdx.x;
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
   float* l = logits + (size_t)r * ldl;
   float mx = -INFINITY;
   for (int e = tid; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
   mx = block_max_f(mx, fred);
   double s = 0.0;
   for (int e = tid; e < E; e += blockDim.x) {
-    const float p = expf(l[e] - mx);
-    l[e] = p;
-    s += (double)p;
+    const float v = expf(l[e] - mx);
+    p[e] = v;
+    s += (double)v;
   }
   s = block_sum_d(s, red);
   const float inv = (float)(1.0 / s);
-  for (int e = tid; e < E; e += blockDim.x) l[e] *= inv;
+  for (int e = tid; e < E; e += blockDim.x) {
+    const float v = p[e] * inv;
+    l[e] = v;
+    p[e] = v != v ? -1.0f : v;
+  }
+  __syncthreads();
+  if (tid >= 32) return;
+  float sum = 0.0f;
+  for (int j = 0; j < k; j++) {
+    float bv = -2.0f;  // taken entries hold -2: never picked while k ≤ E
+    int bi = E;
+    for (int e = lane; e < E; e += 32) {
+      const float v = p[e];
+      if (v > bv) { bv = v; bi = e; }  // ascending e: a tie keeps the lower index
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+      const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    const float pv = l[bi];  // the probability itself (a NaN stays a NaN)
+    if (lane == 0) {
+      ids[r * k + j] = bi;
+      w[r * k + j] = pv;
+    }
+    sum += pv;
+    if (lane == (bi & 31)) p[bi] = -2.0f;
+    __syncwarp();
+  }
+  if (renorm && lane == 0)
+    for (int j = 0; j < k; j++) w[r * k + j] = w[r * k + j] / sum;
+}
+
+// Grouped experts (steps of more than 8 rows: prefill chunks, large
+// batches). moe_sort orders the R·k (row, slot) pairs by expert, each
+// expert's pairs in slot order and padded to whole tiles of MOE_BM rows;
+// moe_gather_q copies each sorted pair's int8 activation row (gemmq_actq's
+// layout) into that order; gemmq_moe_<fmt> multiplies each tile of MOE_BM
+// sorted rows by its expert's weights on the int8 tensor cores (gemmq.cu's
+// body, 32 tokens × 64 weight rows a block): every selected expert's bytes
+// are read once per step per 64-row slice, not once per row.
+#define MOE_BM 32
+#define MOE_MAXSLOT 8192
+
+// moe_sort: perm[i] = the slot (r·k + j) at sorted row i (−1: padding),
+// inv[slot] = its sorted row, tile_e[t] = the expert of tile t (−1: unused,
+// for t < ntile). One warp per expert counts its slots (ballots over 32
+// slots at a time) and writes them in slot order. Params (ids, nslot, E,
+// perm, inv, tile_e, ntile). Launch: grid 1, block 1024; nslot ≤
+// MOE_MAXSLOT, E ≤ MOE_MAXE, ntile ≥ ⌈nslot/MOE_BM⌉ + min(E, nslot).
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* __restrict__ ids, int nslot, int E,
+                                                            int* __restrict__ perm, int* __restrict__ inv,
+                                                            int* __restrict__ tile_e, int ntile) {
+  __shared__ int sid[MOE_MAXSLOT];
+  __shared__ int toff[MOE_MAXE + 1];
+  pdl_trigger();
+  pdl_wait();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  for (int s = tid; s < nslot; s += blockDim.x) sid[s] = ids[s];
+  for (int t = tid; t < ntile; t += blockDim.x) tile_e[t] = -1;
+  __syncthreads();
+  for (int e = warp; e < E; e += nw) {
+    int c = 0;
+    for (int s0 = 0; s0 < nslot; s0 += 32) {
+      const int s = s0 + lane;
+      c += __popc(__ballot_sync(FULL_MASK, s < nslot && sid[s] == e));
+    }
+    if (lane == 0) toff[e + 1] = (c + MOE_BM - 1) / MOE_BM;  // tiles of expert e
+  }
   __syncthreads();
   if (tid == 0) {
-    float sum = 0.0f;
-    for (int j = 0; j < k; j++) {
-      int best = -1;
-      for (int e = 0; e < E; e++) {
-        if (best >= 0 && !(l[e] > l[best])) continue;
-        bool taken = false;
-        for (int c = 0; c < j; c++) taken = taken || ids[r * k + c] == e;
-        if (!taken) best = e;
+    toff[0] = 0;
+    for (int e = 0; e < E; e++) toff[e + 1] += toff[e];
+  }
+  __syncthreads();
+  for (int e = warp; e < E; e += nw) {
+    const int t0 = toff[e], t1 = toff[e + 1];
+    for (int t = t0 + lane; t < t1; t += 32) tile_e[t] = e;
+    int i = t0 * MOE_BM;
+    for (int s0 = 0; s0 < nslot; s0 += 32) {
+      const int s = s0 + lane;
+      const bool hit = s < nslot && sid[s] == e;
+      const unsigned m = __ballot_sync(FULL_MASK, hit);
+      if (hit) {
+        const int at = i + __popc(m & ((1u << lane) - 1u));
+        perm[at] = s;
+        inv[s] = at;
       }
-      ids[r * k + j] = best;
-      w[r * k + j] = l[best];
-      sum += l[best];
+      i += __popc(m);
     }
-    if (renorm)
-      for (int j = 0; j < k; j++) w[r * k + j] /= sum;
+    for (int at = i + lane; at < t1 * MOE_BM; at += 32) perm[at] = -1;
   }
 }
+
+// moe_gather_q: sorted row i of a used tile gets the int8 quants and scales
+// of activation row perm[i] / k (zeros for padding). Params (XQ, D, cols,
+// k, perm, tile_e, XQs, Ds). Launch: grid ntile·MOE_BM, block 128; cols %
+// 32 == 0 (rows of 16-byte units).
+extern "C" __global__ void __launch_bounds__(128) moe_gather_q(const int8_t* __restrict__ XQ, const float* __restrict__ D, int cols,
+                                                              int k, const int* __restrict__ perm,
+                                                              const int* __restrict__ tile_e, int8_t* __restrict__ XQs,
+                                                              float* __restrict__ Ds) {
+  pdl_trigger();
+  pdl_wait();
+  const int i = blockIdx.x;
+  if (tile_e[i / MOE_BM] < 0) return;
+  const int s = perm[i], nb = cols / 32, nu = cols / 16;
+  uint4* dq = reinterpret_cast<uint4*>(XQs + (size_t)i * cols);
+  float* dd = Ds + (size_t)i * nb;
+  if (s < 0) {
+    for (int u = threadIdx.x; u < nu; u += blockDim.x) dq[u] = make_uint4(0, 0, 0, 0);
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) dd[b] = 0.0f;
+    return;
+  }
+  const uint4* sq = reinterpret_cast<const uint4*>(XQ + (size_t)(s / k) * cols);
+  const float* sd = D + (size_t)(s / k) * nb;
+  for (int u = threadIdx.x; u < nu; u += blockDim.x) dq[u] = sq[u];
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) dd[b] = sd[b];
+}
+
+// gemmq_moe_<fmt>: Y[i][o] = Σ_k W_e[o,k]·xq[i,k]·d[i,k/32] for the sorted
+// rows i of tile blockIdx.y, e = tile_e[blockIdx.y] (the block exits for
+// −1), W_e = table[e], as gemmq_<fmt> (no bias, no accumulate). Params
+// (table, tile_e, rows, cols, XQ, D, Y, ldy, T) with T = ntile·MOE_BM.
+// Launch: grid (⌈rows/64⌉, ntile), block 256; cols % 32 == 0, every W_e
+// 16-byte aligned.
+#define GEMMQ_MOE(name, F)                                                                                            \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2)                                                        \
+      gemmq_moe_##name(const uint8_t* const* __restrict__ table, const int* __restrict__ tile_e, int rows, int cols, \
+                       const int8_t* __restrict__ XQ, const float* __restrict__ D, float* __restrict__ Y, int ldy,   \
+                       int T) {                                                                                      \
+    pdl_wait(); /* tile_e comes from moe_sort */                                                                     \
+    const int e = tile_e[blockIdx.y];                                                                                \
+    if (e < 0) return;                                                                                               \
+    gemmq_body<F, MOE_BM, 64, 2, 4>(table[e], rows, cols, XQ, D, Y, ldy, T, nullptr, 0);                            \
+  }
+GEMMQ_MOE(q8row, GemmQQ8)
+GEMMQ_MOE(q4tp, GemmQQ4TP)
 
 // mv_moe_{q4tp,q8row}: y[s][o] = W_{ids[s]}[o,:]·x'[xrow(s)] for every slot s
 // of nslot (= R·k) and every row o of rowsE, W_e at table[e] (each expert a
@@ -183,18 +308,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q8row(MOE_PARAMS) {
   mv_moe<false>(table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps);
 }
 
-// moe_combine: x[r][i] += Σ_j w[r·k+j]·y[(r·k+j)·ldy + i], then, with a
-// shared expert, += σ(g[r])·ys[r·ldy + i]. Params (x, ldx, y, ldy, w, k,
-// ys, g, n). Launch: grid (⌈n/256⌉, R), block 256.
+// moe_combine: x[r][i] += Σ_j w[r·k+j]·y[m(r·k+j)·ldy + i], then, with a
+// shared expert, += σ(g[r])·ys[r·ldy + i]; m = inv (the grouped path's
+// sorted rows) or the identity when inv is null. Params (x, ldx, y, ldy,
+// w, k, ys, g, n, inv). Launch: grid (⌈n/256⌉, R), block 256.
 extern "C" __global__ void moe_combine(float* __restrict__ x, int ldx, const float* __restrict__ y, int ldy,
                                        const float* __restrict__ w, int k, const float* __restrict__ ys,
-                                       const float* __restrict__ g, int n) {
+                                       const float* __restrict__ g, int n, const int* __restrict__ inv) {
   pdl_trigger();
   pdl_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
   if (i >= n) return;
   float v = x[(size_t)r * ldx + i];
-  for (int j = 0; j < k; j++) v += w[r * k + j] * y[(size_t)(r * k + j) * ldy + i];
+  for (int j = 0; j < k; j++) {
+    const int yr = inv ? inv[r * k + j] : r * k + j;
+    v += w[r * k + j] * y[(size_t)yr * ldy + i];
+  }
   if (ys) v += 1.0f / (1.0f + expf(-g[r])) * ys[(size_t)r * ldy + i];
   x[(size_t)r * ldx + i] = v;
 }
