@@ -547,8 +547,9 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 	case strings.HasPrefix(name, "mv_moe_"):
 		fam := strings.TrimPrefix(name, "mv_moe_")
-		nslot, k, rowsE, cols := c.int(2), c.int(3), c.int(4), c.int(5)
-		ldx, xoff, xmode, ldy, pro := c.int(7), c.int(8), c.int(9), c.int(11), c.int(12)
+		E, nmat := c.int(1), c.int(2)
+		nslot, k, rowsE, cols := c.int(4), c.int(5), c.int(6), c.int(7)
+		ldx, xoff, xmode, ldy, pro := c.int(9), c.int(10), c.int(11), c.int(13), c.int(14)
 		nx := nslot / k
 		if xmode != 0 {
 			nx = nslot
@@ -557,8 +558,8 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		if pro == kern.ProSilu {
 			span = rowsSpan(nx, ldx, xoff+cols)
 		}
-		x, y := f.view(c.ptr(6), int(span/4)), f.view(c.ptr(10), int(rowsSpan(nslot, ldy, rowsE)/4))
-		ids := f.bytesAt(c.ptr(1), 4*int64(nslot))
+		x, y := f.view(c.ptr(8), int(span/4)), f.view(c.ptr(12), int(rowsSpan(nslot, ldy, nmat*rowsE)/4))
+		ids := f.bytesAt(c.ptr(3), 4*int64(nslot))
 		for s := range nslot {
 			xr := s / k
 			if xmode != 0 {
@@ -575,14 +576,16 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 			xq := kern.ActQuant(xp)
 			e := int(int32(binary.LittleEndian.Uint32(ids[4*s:])))
-			wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*e)), 8)))
-			w := f.weights(fam, wp, rowsE, cols)
-			for o := range rowsE {
-				var acc float64
-				for i, xv := range xq {
-					acc += float64(w[o*cols+i]) * xv
+			for m := range nmat {
+				wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*(m*E+e))), 8)))
+				w := f.weights(fam, wp, rowsE, cols)
+				for o := range rowsE {
+					var acc float64
+					for i, xv := range xq {
+						acc += float64(w[o*cols+i]) * xv
+					}
+					y.set(s*ldy+m*rowsE+o, float32(acc))
 				}
-				y.set(s*ldy+o, float32(acc))
 			}
 		}
 	case name == "moe_sort":

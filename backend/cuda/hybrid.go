@@ -77,7 +77,7 @@ func (st *state) MoE(w *backend.MoE) {
 	if R > moeGroupRows && st.moeGroupable(w, dt, H, I, R*k) {
 		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
 	} else {
-		st.moeSlots(fam, tabs, xb, ids, gu, yd, R, H, I, k)
+		st.moeSlots(fam, tabs, xb, ids, gu, yd, R, H, I, E, k)
 	}
 	var ys, sg driver.DevicePtr
 	if w.Shared != nil {
@@ -167,33 +167,33 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 }
 
 // moeSlots runs the experts of a small step one matvec per (row, slot)
-// over the selected expert (mv_moe_*), in chunks of moeMaxSlots slots.
-func (st *state) moeSlots(fam string, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, k int) {
+// over the selected expert (mv_moe_*: gate and up in one launch, then
+// down), in chunks of moeMaxSlots slots.
+func (st *state) moeSlots(fam string, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int) {
 	chunk := max(1, moeMaxSlots/k)
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
-		for j, t := range tabs[:2] { // gate, up
-			st.moeLaunch(fam, t, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
-				gu.Add(4*sl*int64(2*I)+int64(4*j*I)), 2*I, kern.ProPlain, n)
-		}
-		st.moeLaunch(fam, tabs[2], ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+		st.moeLaunch(fam, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
+		st.moeLaunch(fam, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
 			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
 	}
 }
 
-// moeLaunch queues mv_moe_<fam> over nslot slots of rowsE×cols experts from
-// table, nx activation rows quantized in the prologue.
-func (st *state) moeLaunch(fam string, table, ids driver.DevicePtr, nslot, k, rowsE, cols int, x driver.DevicePtr, ldx, xoff, xmode int,
+// moeLaunch queues mv_moe_<fam> over nslot slots of nmat rowsE×cols
+// matrices of E experts from table, nx activation rows quantized in the
+// prologue.
+func (st *state) moeLaunch(fam string, table driver.DevicePtr, E, nmat int, ids driver.DevicePtr, nslot, k, rowsE, cols int, x driver.DevicePtr, ldx, xoff, xmode int,
 	y driver.DevicePtr, ldy, pro, nx int) {
 	shared := kern.MatvecShared(cols, nx)
 	if shared > 200<<10 {
 		st.fail(fmt.Errorf("cuda: expert matvec of %d columns over %d rows needs %d bytes of shared memory: %w", cols, nx, shared, backend.ErrUnsupported))
 		return
 	}
-	st.a().Ptr(table).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).Ptr(y).Int(ldy).
+	st.a().Ptr(table).Int(E).Int(nmat).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).Ptr(y).Int(ldy).
 		Int(pro).Ptr(0).F32(0)
-	st.launch("mv_moe_"+fam, driver.D1(min((nslot*rowsE+15)/16, st.d.info.SMs)), driver.D1(512), shared)
+	st.launch("mv_moe_"+fam, kern.MoEMatvecGrid(nslot, nmat, rowsE, st.d.info.SMs), driver.D1(512), shared)
 }
 
 // moeTables returns the device tables of w's expert base pointers (gate,

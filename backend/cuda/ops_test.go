@@ -502,7 +502,8 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(b.X == 256 && ldl >= E && k >= 1 && k <= E, "shape"),
 			f.span("logits", c.ptr(0), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(5), 4*int64(R*k)), f.span("w", c.ptr(6), 4*int64(R*k)))
 	case strings.HasPrefix(name, "mv_moe_"):
-		nslot, k, rowsE, cols, ldx, xoff, xmode, ldy, pro := c.int(2), c.int(3), c.int(4), c.int(5), c.int(7), c.int(8), c.int(9), c.int(11), c.int(12)
+		E, nmat := c.int(1), c.int(2)
+		nslot, k, rowsE, cols, ldx, xoff, xmode, ldy, pro := c.int(4), c.int(5), c.int(6), c.int(7), c.int(9), c.int(10), c.int(11), c.int(13), c.int(14)
 		nx := nslot / k
 		if xmode != 0 {
 			nx = nslot
@@ -511,9 +512,10 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		if pro == kern.ProSilu {
 			xw = xoff + cols
 		}
-		return errorsJoin(want(b.X == 512 && int(g.X) == min((nslot*rowsE+15)/16, 132) && c.cfg.Shared == kern.MatvecShared(cols, nx), "shape"),
-			want(nslot%k == 0 && nx <= 64 && ldx >= xw && ldy >= rowsE, "ld"),
-			f.span("ids", c.ptr(1), 4*int64(nslot)), f.span("x", c.ptr(6), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(10), rowsSpan(nslot, ldy, rowsE)))
+		return errorsJoin(want(b.X == 512 && g == kern.MoEMatvecGrid(nslot, nmat, rowsE, 132) && c.cfg.Shared == kern.MatvecShared(cols, nx), "shape"),
+			want(nslot%k == 0 && nx <= 64 && ldx >= xw && ldy >= nmat*rowsE && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
+			f.span("table", c.ptr(0), 8*int64(nmat*E)),
+			f.span("ids", c.ptr(3), 4*int64(nslot)), f.span("x", c.ptr(8), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(12), rowsSpan(nslot, ldy, nmat*rowsE)))
 	case name == "moe_combine":
 		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
 		yrows := R * k

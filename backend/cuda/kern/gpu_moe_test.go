@@ -36,13 +36,17 @@ func TestGPUMoE(t *testing.T) {
 		}
 	}
 	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
-		// Experts: gate (I×H) for the xmode-0 product, down (H×I) for xmode 1.
-		gates, downs := make([][]float32, E), make([][]float32, E)
-		tg, td := make([]byte, 8*E), make([]byte, 8*E)
+		// Experts: gate and up (I×H) for the xmode-0 product of two
+		// matrices (table [gate E | up E]), down (H×I) for xmode 1.
+		gates, ups, downs := make([][]float32, E), make([][]float32, E), make([][]float32, E)
+		tg, td := make([]byte, 16*E), make([]byte, 8*E)
 		for e := range E {
 			wb, _ := quant.Encode(dt, r.vec(I*H, 0.05), []int{I, H}, nil)
 			gates[e], _ = quant.Decode(dt, wb, []int{I, H})
 			binary.LittleEndian.PutUint64(tg[8*e:], uint64(g.upload(wb)))
+			ub, _ := quant.Encode(dt, r.vec(I*H, 0.05), []int{I, H}, nil)
+			ups[e], _ = quant.Decode(dt, ub, []int{I, H})
+			binary.LittleEndian.PutUint64(tg[8*(E+e):], uint64(g.upload(ub)))
 			db, _ := quant.Encode(dt, r.vec(H*I, 0.05), []int{H, I}, nil)
 			downs[e], _ = quant.Decode(dt, db, []int{H, I})
 			binary.LittleEndian.PutUint64(td[8*e:], uint64(g.upload(db)))
@@ -51,14 +55,14 @@ func TestGPUMoE(t *testing.T) {
 		x := r.vec(R*H, 1)
 		gu := r.vec(R*k*2*I, 1)
 		dx, dgu := g.f32(x), g.f32(gu)
-		yg, yd := g.zeros(R*k*I), g.zeros(R*k*H)
+		yg, yd := g.zeros(R*k*2*I), g.zeros(R*k*H)
 		g.run(func(l *kern.Launcher) error {
-			if err := l.MoEMatvec(dt, dtg, ids, R*k, k, I, H, dx, H, 0, 0, yg, I, kern.ProPlain); err != nil {
+			if err := l.MoEMatvec(dt, dtg, E, 2, ids, R*k, k, I, H, dx, H, 0, 0, yg, 2*I, kern.ProPlain); err != nil {
 				return err
 			}
-			return l.MoEMatvec(dt, dtd, ids, R*k, k, H, I, dgu, 2*I, I, 1, yd, H, kern.ProSilu)
+			return l.MoEMatvec(dt, dtd, E, 1, ids, R*k, k, H, I, dgu, 2*I, I, 1, yd, H, kern.ProSilu)
 		})
-		got1, got2 := g.readF32(yg, R*k*I), g.readF32(yd, R*k*H)
+		got1, got2 := g.readF32(yg, R*k*2*I), g.readF32(yd, R*k*H)
 		for s := range R * k {
 			e := int(gotIDs[s])
 			xq := kern.ActQuant(x[(s/k)*H : (s/k+1)*H])
@@ -84,7 +88,8 @@ func TestGPUMoE(t *testing.T) {
 				}
 			}
 			for o := range I {
-				check("gate", got1[s*I+o], gates[e], xq, o, H)
+				check("gate", got1[s*2*I+o], gates[e], xq, o, H)
+				check("up", got1[s*2*I+I+o], ups[e], xq, o, H)
 			}
 			for o := range H {
 				check("down", got2[s*H+o], downs[e], hq, o, I)

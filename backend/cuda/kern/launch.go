@@ -554,7 +554,17 @@ func (l *Launcher) MoERoute(logits Ptr, ldl, E, k int, renorm bool, ids, w Ptr, 
 // activation rows of cols.
 func MoEMatvecShared(cols, nx int) int { return MatvecShared(cols, nx) }
 
-func moeMatvecCalls(d quant.DType, table, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro, sms int) ([]call, error) {
+// MoEMatvecGrid is the grid of mv_moe_* over nslot slots × nmat
+// matrices of rowsE rows: a block's 16 warps take 2 rows each a pass, at
+// most one block per multiprocessor.
+func MoEMatvecGrid(nslot, nmat, rowsE, sms int) driver.Dim3 {
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	return driver.D1(min((nslot*nmat*rowsE+31)/32, sms))
+}
+
+func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro, sms int) ([]call, error) {
 	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[d]
 	nx := nslot / max(k, 1)
 	if xmode != 0 {
@@ -563,21 +573,22 @@ func moeMatvecCalls(d quant.DType, table, ids Ptr, nslot, k, rowsE, cols int, x 
 	switch {
 	case fam == "":
 		return nil, fmt.Errorf("kern: no expert matvec for %s", d)
-	case k < 1 || nslot < 1 || nslot%k != 0 || nx > 64 || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu):
-		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d×%d, prologue %d", d, nslot, k, rowsE, cols, pro)
+	case k < 1 || nslot < 1 || nslot%k != 0 || nx > 64 || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
+		E < 1 || nmat < 1 || nmat > 2 || ldy < nmat*rowsE:
+		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d × %d×%d of %d experts, prologue %d", d, nslot, k, nmat, rowsE, cols, E, pro)
 	}
-	if sms <= 0 {
-		sms = DefaultSMs
-	}
-	a := new(driver.Args).Ptr(table).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).
+	a := new(driver.Args).Ptr(table).Int(E).Int(nmat).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).
 		Ptr(y).Int(ldy).Int(pro).Ptr(0).F32(0)
-	return one("mv_moe_"+fam, driver.D1(min((nslot*rowsE+15)/16, sms)), driver.D1(512), MoEMatvecShared(cols, nx), a), nil
+	return one("mv_moe_"+fam, MoEMatvecGrid(nslot, nmat, rowsE, sms), driver.D1(512), MoEMatvecShared(cols, nx), a), nil
 }
 
-// MoEMatvec queues y[s] = W_{ids[s]}·x'[xrow(s)] for nslot slots of
-// rowsE×cols experts whose base pointers are in table (see moe.cu).
-func (l *Launcher) MoEMatvec(d quant.DType, table, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro int) error {
-	return l.run(moeMatvecCalls(d, table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
+// MoEMatvec queues y[s][m·rowsE + o] = W_{m,ids[s]}[o]·x'[xrow(s)] for
+// nslot slots of top-k routing and nmat matrices (1, or 2: gate and up
+// together) of E experts each, W_{m,e} at table[m·E + e]: xmode 0 shares
+// row s/k's activations among a row's slots, xmode 1 uses row s (pro
+// kern.ProSilu: silu(x)·x[xoff:]).
+func (l *Launcher) MoEMatvec(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro int) error {
+	return l.run(moeMatvecCalls(d, table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
 }
 
 func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int, inv Ptr) []call {

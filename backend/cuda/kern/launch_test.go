@@ -54,8 +54,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(probeCalls(1, 2, 3, 132), nil)
 	add(moeRouteCalls(1, 8, 8, 2, true, 2, 3, 3), nil)
 	for _, d := range []quant.DType{quant.Q8Row, quant.Q4TP} {
-		add(moeMatvecCalls(d, 1, 2, 6, 2, 32, 64, 3, 64, 0, 0, 4, 64, ProPlain, 132))
-		add(moeMatvecCalls(d, 1, 2, 6, 2, 64, 32, 3, 64, 32, 1, 4, 64, ProSilu, 132))
+		add(moeMatvecCalls(d, 1, 8, 2, 2, 6, 2, 32, 64, 3, 64, 0, 0, 4, 64, ProPlain, 132))
+		add(moeMatvecCalls(d, 1, 8, 1, 2, 6, 2, 64, 32, 3, 64, 32, 1, 4, 64, ProSilu, 132))
 	}
 	add(moeCombineCalls(1, 64, 2, 64, 3, 2, 4, 5, 64, 3, 6), nil)
 	add(moeSortCalls(1, 48, 8, 2, 3, 4, MoETiles(48, 8)), nil)

@@ -179,19 +179,23 @@ extern "C" __global__ void __launch_bounds__(128) moe_gather_q(const int8_t* __r
 GEMMQ_MOE(q8row, GemmQQ8)
 GEMMQ_MOE(q4tp, GemmQQ4TP)
 
-// mv_moe_{q4tp,q8row}: y[s][o] = W_{ids[s]}[o,:]·x'[xrow(s)] for every slot s
-// of nslot (= R·k) and every row o of rowsE, W_e at table[e] (each expert a
-// rowsE×cols tensor as CMF stores it). xrow(s) = s / k (xmode 0: the
-// gate/up products share their row's activations) or s (xmode 1: the down
-// product of each slot's own SwiGLU). The prologue (pro as mq_*) quantizes
-// the nx activation rows once a block. Params (table, ids, nslot, k,
-// rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps). Launch: block
-// 512, grid min(⌈nslot·rowsE/16⌉, SMs), dynamic shared memory
+// mv_moe_{q4tp,q8row}: y[s][m·rowsE + o] = W_{m,ids[s]}[o,:]·x'[xrow(s)]
+// for every slot s of nslot (= R·k), matrix m of nmat (1 or 2: gate and up
+// in one launch) and row o of rowsE, W_{m,e} at table[m·E + e] (each
+// expert a rowsE×cols tensor as CMF stores it). xrow(s) = s / k (xmode 0:
+// the gate/up products share their row's activations) or s (xmode 1: the
+// down product of each slot's own SwiGLU). The prologue (pro as mq_*)
+// quantizes the nx activation rows once a block. A warp computes
+// MOE_RPW rows at once (their loads in flight together); each row's sum
+// runs in the same order as the CPU's. Params (table, E, nmat, ids, nslot,
+// k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps). Launch:
+// block 512, grid kern.MoEMatvecLaunch, dynamic shared memory
 // MatvecShared(cols, nx) (nx = nslot/k or nslot).
-#define MOE_PARAMS                                                                                             \
-  const uint8_t* const* __restrict__ table, const int* __restrict__ ids, int nslot, int k, int rowsE, int cols, \
-      const float* __restrict__ x, int ldx, int xoff, int xmode, float* __restrict__ y, int ldy, int pro,         \
-      const float* __restrict__ nw, float eps
+#define MOE_RPW 2
+#define MOE_PARAMS                                                                                              \
+  const uint8_t* const* __restrict__ table, int E, int nmat, const int* __restrict__ ids, int nslot, int k,      \
+      int rowsE, int cols, const float* __restrict__ x, int ldx, int xoff, int xmode, float* __restrict__ y, int ldy, \
+      int pro, const float* __restrict__ nw, float eps
 
 // The prologue over a runtime number of rows (at most 64): mq_prologue's
 // arithmetic.
@@ -237,7 +241,7 @@ template <bool Q4>
 __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int nb = (cols + 31) / 32, ps = mq_plane(nb), N = nslot * rowsE;
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb), per = nmat * rowsE, N = nslot * per;
   const int nx = xmode ? nslot : nslot / k;
   int8_t* xq = (int8_t*)mq_smem;
   int2* xds = (int2*)(mq_smem + (size_t)nx * 2 * ps);
@@ -246,67 +250,99 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
   const int stride = (5 * nb + 7) / 8;  // q4tp: cols % 32 == 0, nb = gpr
   const bool vec8 = cols % 16 == 0;
-  for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
-    const int s = v / rowsE, o = v - s * rowsE, xr = xmode ? s : s / k;
-    if (ids[s] < 0) {  // no expert (cannot happen for E >= 1): zeros, not a wild read
-      if (lane == 0) y[(size_t)s * ldy + o] = 0.0f;
-      continue;
+  const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
+  for (int v0 = (blockIdx.x * nwarps + warp) * MOE_RPW; v0 < N; v0 += gridDim.x * nwarps * MOE_RPW) {  // warp-uniform
+    const uint8_t* Wr[MOE_RPW];
+    int xr[MOE_RPW], orow[MOE_RPW];
+    size_t yo[MOE_RPW];
+    bool ok[MOE_RPW];
+#pragma unroll
+    for (int u = 0; u < MOE_RPW; u++) {
+      const int v = min(v0 + u, N - 1);
+      const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+      ok[u] = v0 + u < N && e >= 0;  // no expert (cannot happen for E >= 1): zeros, not a wild read
+      Wr[u] = table[(size_t)m * E + (e < 0 ? 0 : e)];
+      xr[u] = xmode ? s : s / k;
+      orow[u] = o;
+      yo[u] = (size_t)s * ldy + (size_t)m * rowsE + o;
     }
-    const uint8_t* W = table[ids[s]];
-    float acc = 0.0f;
+    float acc[MOE_RPW];
+#pragma unroll
+    for (int u = 0; u < MOE_RPW; u++) acc[u] = 0.0f;
     if (Q4) {
-      const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
-      const float lad = q4tp_rung(ld_u16(W + poff + 4 * (size_t)o), ld_u16(W + poff + 4 * (size_t)o + 2), lane);
+      float lad[MOE_RPW];
+#pragma unroll
+      for (int u = 0; u < MOE_RPW; u++) {
+        const uint8_t* pr = Wr[u] + poff + 4 * (size_t)orow[u];
+        lad[u] = q4tp_rung(ld_u16(pr), ld_u16(pr + 2), lane);
+      }
       for (int g0 = 0; g0 < nb; g0 += 32) {
         const int g = g0 + lane;
-        const int code = g < nb ? q4tp_code(W + coff + (size_t)o * stride, g) : 0;
-        const float sc = __shfl_sync(FULL_MASK, lad, code);
-        if (g < nb) {
-          const uint4 c = __ldcs((const uint4*)(W + ((size_t)o * nb + g) * 16));
-          const uint32_t wv[4] = {c.x, c.y, c.z, c.w};
-          const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr) * ps + (size_t)g * 16);
-          const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr + 1) * ps + (size_t)g * 16);
-          const int2 ds = xds[xr * nb + g];
-          int si = -8 * ds.y;
-          si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
-          si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
-          si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
-          si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
-          acc += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
+        uint4 c[MOE_RPW];
+        int code[MOE_RPW];
+#pragma unroll
+        for (int u = 0; u < MOE_RPW; u++) {
+          code[u] = g < nb ? q4tp_code(Wr[u] + coff + (size_t)orow[u] * stride, g) : 0;
+          c[u] = g < nb ? __ldcs((const uint4*)(Wr[u] + ((size_t)orow[u] * nb + g) * 16)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < MOE_RPW; u++) {
+          const float sc = __shfl_sync(FULL_MASK, lad[u], code[u]);
+          if (g < nb) {
+            const uint32_t wv[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
+            const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr[u]) * ps + (size_t)g * 16);
+            const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr[u] + 1) * ps + (size_t)g * 16);
+            const int2 ds = xds[xr[u] * nb + g];
+            int si = -8 * ds.y;
+            si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
+            si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
+            si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
+            si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
+            acc[u] += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
+          }
         }
       }
     } else {
-      const uint8_t* row = W + (size_t)o * cols;
       const int nch = (cols + 15) / 16;
       for (int c = lane; c < nch; c += 32) {
         const int b = c >> 1, h = c & 1;
-        int si = 0;
-        if (vec8 && aligned16(W)) {
-          const uint4 w = __ldcs((const uint4*)(row + 16 * (size_t)c));
-          const int4 q = *(const int4*)(xq + (size_t)(2 * xr + h) * ps + (size_t)b * 16);
-          si = __dp4a((int)w.x, q.x, si); si = __dp4a((int)w.y, q.y, si);
-          si = __dp4a((int)w.z, q.z, si); si = __dp4a((int)w.w, q.w, si);
-        } else {
-          for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
-            si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr + h) * ps + (size_t)b * 16 + (i & 15)];
+        uint4 w[MOE_RPW];
+        bool al[MOE_RPW];
+#pragma unroll
+        for (int u = 0; u < MOE_RPW; u++) {
+          al[u] = vec8 && aligned16(Wr[u]);
+          w[u] = al[u] ? __ldcs((const uint4*)(Wr[u] + (size_t)orow[u] * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
         }
-        acc += __int_as_float(xds[xr * nb + b].x) * (float)si;
+#pragma unroll
+        for (int u = 0; u < MOE_RPW; u++) {
+          const uint8_t* row = Wr[u] + (size_t)orow[u] * cols;
+          int si = 0;
+          if (al[u]) {
+            const int4 q = *(const int4*)(xq + (size_t)(2 * xr[u] + h) * ps + (size_t)b * 16);
+            si = __dp4a((int)w[u].x, q.x, si); si = __dp4a((int)w[u].y, q.y, si);
+            si = __dp4a((int)w[u].z, q.z, si); si = __dp4a((int)w[u].w, q.w, si);
+          } else {
+            for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
+              si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr[u] + h) * ps + (size_t)b * 16 + (i & 15)];
+          }
+          acc[u] += __int_as_float(xds[xr[u] * nb + b].x) * (float)si;
+        }
       }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-      if (!Q4) acc *= f16_to_f32(ld_u16(W + (size_t)rowsE * cols + 2 * (size_t)o));
-      y[(size_t)s * ldy + o] = acc;
+#pragma unroll
+    for (int u = 0; u < MOE_RPW; u++) {
+      float a = warp_sum(acc[u]);
+      if (lane == 0 && v0 + u < N) {
+        if (!Q4) a *= f16_to_f32(ld_u16(Wr[u] + (size_t)rowsE * cols + 2 * (size_t)orow[u]));
+        y[yo[u]] = ok[u] ? a : 0.0f;
+      }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q4tp(MOE_PARAMS) {
-  mv_moe<true>(table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps);
-}
-extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q8row(MOE_PARAMS) {
-  mv_moe<false>(table, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps);
-}
+#define MOE_ARGS table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q4tp(MOE_PARAMS) { mv_moe<true>(MOE_ARGS); }
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q8row(MOE_PARAMS) { mv_moe<false>(MOE_ARGS); }
 
 // moe_combine: x[r][i] += Σ_j w[r·k+j]·y[m(r·k+j)·ldy + i], then, with a
 // shared expert, += σ(g[r])·ys[r·ldy + i]; m = inv (the grouped path's
