@@ -896,3 +896,34 @@ func TestMoEGroupedOnFake(t *testing.T) {
 		t.Logf("graphs %v: %d grouped expert GEMMs", graphs, grouped)
 	}
 }
+
+// TestMMQSharesActQuant: in a step of more than 8 rows on the int8 GEMM,
+// the q, k and v projections of one input (and gate and up) quantize that
+// input once: fewer gemmq_actq launches than GEMMs, with the logits
+// unchanged (TestParitySuiteNumericOnFakeMMQ compares them with the CPU).
+func TestMMQSharesActQuant(t *testing.T) {
+	f := newFake(t, 4)
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, MMQ: true})
+	for _, k := range backendtest.Cases() {
+		if k.Name != "attention/q4tp" && k.Name != "mlp/q8_row" {
+			continue
+		}
+		n0 := len(f.calls)
+		if _, err := backendtest.Run(d, k, []backendtest.Step{{{0, 12}}}, 5); err != nil {
+			t.Fatal(err)
+		}
+		q, g := 0, 0
+		for _, c := range f.calls[n0:] {
+			switch {
+			case c.name == "gemmq_actq":
+				q++
+			case strings.HasPrefix(c.name, "gemmq_"):
+				g++
+			}
+		}
+		t.Logf("%s: %d activation quantizations for %d int8 GEMMs", k.Name, q, g)
+		if g < 2 || q >= g {
+			t.Errorf("%s: %d gemmq_actq for %d GEMMs: the shared input is quantized more than once", k.Name, q, g)
+		}
+	}
+}

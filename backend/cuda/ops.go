@@ -177,6 +177,18 @@ type state struct {
 	// 2+2k and 3+2k (StepTimer); timed counts them.
 	timeKernels bool
 	timed       int
+	// actq is the last activation quantization (gemmq_actq) st.mv queued:
+	// a following int8 GEMM over the same rows of the same input reuses its
+	// quants (q, k, v of one input; gate and up). Any other launch or copy
+	// may write that input, so it clears ok (st.launch, st.copyD).
+	actq   actqKey
+	inGEMM bool // st.mv is queuing its GEMM launches (they keep actq)
+}
+
+type actqKey struct {
+	x, xq, xd             driver.DevicePtr
+	ldx, cols, rows, perm int
+	ok                    bool
 }
 
 // graphKey identifies the steps one captured graph may serve: decode
@@ -277,6 +289,9 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 		st.fail(fmt.Errorf("cuda: %s: %w", name, err))
 		return
 	}
+	if !st.inGEMM {
+		st.actq.ok = false
+	}
 	st.sig = append(st.sig, name...)
 	st.sigAppend(uint64(grid.X), uint64(grid.Y), uint64(grid.Z), uint64(block.X), uint64(block.Y), uint64(block.Z), uint64(shared))
 	st.sig = append(st.sig, st.args.Bytes()...)
@@ -314,6 +329,7 @@ func (st *state) copyD(dst, src driver.DevicePtr, n int64) {
 	if st.err != nil {
 		return
 	}
+	st.actq.ok = false
 	st.sig = append(st.sig, "dtod"...)
 	st.sigAppend(uint64(dst), uint64(src), uint64(n))
 	if st.mode == modeCheck {
@@ -329,6 +345,7 @@ func (st *state) a() *driver.Args { return st.args.Reset() }
 // begin resets the per-step state for a pass of step in mode.
 func (st *state) begin(mode int) {
 	st.mode, st.err, st.dynamic, st.stale, st.dynOf = mode, nil, false, false, nil
+	st.actq = actqKey{}
 	st.outN, st.out, st.sig = 0, 0, st.sig[:0]
 	st.next, st.nextN = 0, 0
 }
@@ -697,12 +714,21 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 			nq, ns := kern.GemmQScratch(m.cols, st.d.opt.MaxRows)
 			g := kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Quants: st.buf("xq", nq), Scales: st.buf("xqd", ns),
 				Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}
-			g.PackQuant(st.a(), m.dt)
-			cfg := kern.ActQuantLaunch(m.cols, rows)
-			st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+			key := actqKey{x: x, xq: g.Quants, xd: g.Scales, ldx: ldx, cols: m.cols, rows: rows, perm: b2i(m.dt == quant.Q4TP), ok: true}
+			st.inGEMM = true
+			if st.actq != key {
+				g.PackQuant(st.a(), m.dt)
+				cfg := kern.ActQuantLaunch(m.cols, rows)
+				st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+			}
 			g.Pack(st.a(), rows)
 			name, grid, block := kern.GemmQKernel(f, m.rows, rows)
 			st.launch(name, grid, block, 0)
+			st.inGEMM = false
+			st.actq = key
+			if y < x+driver.DevicePtr(4*int64(rows)*int64(ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(ldy)) {
+				st.actq.ok = false // the GEMM wrote its own input (cannot happen for a projection; kept safe)
+			}
 			return
 		}
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
