@@ -574,7 +574,15 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 				xp[i] = v
 			}
-			xq := kern.ActQuant(xp)
+			var xq []float64
+			if fam == "q8row" || fam == "q4tp" {
+				xq = kern.ActQuant(xp)
+			} else { // float experts: the activations as they are
+				xq = make([]float64, cols)
+				for i, v := range xp {
+					xq[i] = float64(v)
+				}
+			}
 			e := int(int32(binary.LittleEndian.Uint32(ids[4*s:])))
 			for m := range nmat {
 				wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*(m*E+e))), 8)))

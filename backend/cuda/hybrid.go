@@ -40,11 +40,11 @@ func (st *state) MoE(w *backend.MoE) {
 	}
 	g0 := w.Experts[0].Gate.(*mat)
 	dt, I := g0.dt, g0.rows
-	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[dt]
+	fam := kern.MoEExpertFamily(dt)
 	for e, ex := range w.Experts {
 		g, u, d := ex.Gate.(*mat), ex.Up.(*mat), ex.Down.(*mat)
 		if fam == "" || g.dt != dt || u.dt != dt || d.dt != dt {
-			st.fail(fmt.Errorf("cuda: expert %d of the mixture-of-experts block in %s/%s/%s (the device runs experts stored as q8_row or q4tp, all alike): %w",
+			st.fail(fmt.Errorf("cuda: expert %d of the mixture-of-experts block in %s/%s/%s (the device runs experts stored as q8_row, q4tp, f32, f16 or bf16, all alike): %w",
 				e, g.dt, u.dt, d.dt, backend.ErrUnsupported))
 			return
 		}
@@ -77,7 +77,7 @@ func (st *state) MoE(w *backend.MoE) {
 	if R > moeGroupRows && st.moeGroupable(w, dt, H, I, R*k) {
 		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
 	} else {
-		st.moeSlots(fam, tabs, xb, ids, gu, yd, R, H, I, E, k)
+		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k)
 	}
 	var ys, sg driver.DevicePtr
 	if w.Shared != nil {
@@ -169,14 +169,14 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 // moeSlots runs the experts of a small step one matvec per (row, slot)
 // over the selected expert (mv_moe_*: gate and up in one launch, then
 // down), in chunks of moeMaxSlots slots.
-func (st *state) moeSlots(fam string, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int) {
+func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int) {
 	chunk := max(1, moeMaxSlots/k)
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
-		st.moeLaunch(fam, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+		st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
 			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
-		st.moeLaunch(fam, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+		st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
 			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
 	}
 }
@@ -184,9 +184,10 @@ func (st *state) moeSlots(fam string, tabs [3]driver.DevicePtr, xb, ids, gu, yd 
 // moeLaunch queues mv_moe_<fam> over nslot slots of nmat rowsE×cols
 // matrices of E experts from table, nx activation rows quantized in the
 // prologue.
-func (st *state) moeLaunch(fam string, table driver.DevicePtr, E, nmat int, ids driver.DevicePtr, nslot, k, rowsE, cols int, x driver.DevicePtr, ldx, xoff, xmode int,
+func (st *state) moeLaunch(dt quant.DType, table driver.DevicePtr, E, nmat int, ids driver.DevicePtr, nslot, k, rowsE, cols int, x driver.DevicePtr, ldx, xoff, xmode int,
 	y driver.DevicePtr, ldy, pro, nx int) {
-	shared := kern.MatvecShared(cols, nx)
+	fam := kern.MoEExpertFamily(dt)
+	shared := kern.MoEMatvecSharedFor(dt, cols, nx)
 	if shared > 200<<10 {
 		st.fail(fmt.Errorf("cuda: expert matvec of %d columns over %d rows needs %d bytes of shared memory: %w", cols, nx, shared, backend.ErrUnsupported))
 		return

@@ -512,8 +512,9 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		if pro == kern.ProSilu {
 			xw = xoff + cols
 		}
-		return errorsJoin(want(b.X == 512 && g == kern.MoEMatvecGrid(nslot, nmat, rowsE, 132) && c.cfg.Shared == kern.MatvecShared(cols, nx), "shape"),
-			want(nslot%k == 0 && nx <= 64 && ldx >= xw && ldy >= nmat*rowsE && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
+		dt := map[string]quant.DType{"q8row": quant.Q8Row, "q4tp": quant.Q4TP, "f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16}[strings.TrimPrefix(name, "mv_moe_")]
+		return errorsJoin(want(b.X == 512 && g == kern.MoEMatvecGrid(nslot, nmat, rowsE, 132) && c.cfg.Shared == kern.MoEMatvecSharedFor(dt, cols, nx), "shape"),
+			want(nslot%k == 0 && (nx <= 64 || c.cfg.Shared == 0) && ldx >= xw && ldy >= nmat*rowsE && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
 			f.span("table", c.ptr(0), 8*int64(nmat*E)),
 			f.span("ids", c.ptr(3), 4*int64(nslot)), f.span("x", c.ptr(8), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(12), rowsSpan(nslot, ldy, nmat*rowsE)))
 	case name == "moe_combine":

@@ -35,7 +35,18 @@ func TestGPUMoE(t *testing.T) {
 			}
 		}
 	}
-	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP, quant.F32, quant.BF16} {
+		quantized := dt == quant.Q8Row || dt == quant.Q4TP
+		actq := func(v []float32) []float64 {
+			if quantized {
+				return kern.ActQuant(v)
+			}
+			f := make([]float64, len(v))
+			for i, x := range v {
+				f[i] = float64(x)
+			}
+			return f
+		}
 		// Experts: gate and up (I×H) for the xmode-0 product of two
 		// matrices (table [gate E | up E]), down (H×I) for xmode 1.
 		gates, ups, downs := make([][]float32, E), make([][]float32, E), make([][]float32, E)
@@ -65,13 +76,13 @@ func TestGPUMoE(t *testing.T) {
 		got1, got2 := g.readF32(yg, R*k*2*I), g.readF32(yd, R*k*H)
 		for s := range R * k {
 			e := int(gotIDs[s])
-			xq := kern.ActQuant(x[(s/k)*H : (s/k+1)*H])
+			xq := actq(x[(s/k)*H : (s/k+1)*H])
 			h := make([]float32, I)
 			for i := range h {
 				v := float64(gu[s*2*I+i])
 				h[i] = float32(v/(1+math.Exp(-v))) * gu[s*2*I+I+i]
 			}
-			hq := kern.ActQuant(h)
+			hq := actq(h)
 			check := func(name string, got float32, w []float32, xv []float64, o, cols int) {
 				var want, mag float64
 				for i, v := range xv {

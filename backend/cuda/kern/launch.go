@@ -564,8 +564,23 @@ func MoEMatvecGrid(nslot, nmat, rowsE, sms int) driver.Dim3 {
 	return driver.D1(min((nslot*nmat*rowsE+31)/32, sms))
 }
 
+// MoEExpertFamily names the mv_moe_* kernel of experts stored as d
+// ("" when there is none: q8_2f).
+func MoEExpertFamily(d quant.DType) string {
+	return map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp", quant.F32: "f32", quant.F16: "f16", quant.BF16: "bf16"}[d]
+}
+
+// MoEMatvecSharedFor is the dynamic shared memory of mv_moe_* over experts
+// of format d: the quantized activations of nx rows, none for float ones.
+func MoEMatvecSharedFor(d quant.DType, cols, nx int) int {
+	if !quantizedActs(d) {
+		return 0
+	}
+	return MatvecShared(cols, nx)
+}
+
 func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro, sms int) ([]call, error) {
-	fam := map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp"}[d]
+	fam := MoEExpertFamily(d)
 	nx := nslot / max(k, 1)
 	if xmode != 0 {
 		nx = nslot
@@ -573,13 +588,13 @@ func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, ro
 	switch {
 	case fam == "":
 		return nil, fmt.Errorf("kern: no expert matvec for %s", d)
-	case k < 1 || nslot < 1 || nslot%k != 0 || nx > 64 || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
+	case k < 1 || nslot < 1 || nslot%k != 0 || (quantizedActs(d) && nx > 64) || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
 		E < 1 || nmat < 1 || nmat > 2 || ldy < nmat*rowsE:
 		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d × %d×%d of %d experts, prologue %d", d, nslot, k, nmat, rowsE, cols, E, pro)
 	}
 	a := new(driver.Args).Ptr(table).Int(E).Int(nmat).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).
 		Ptr(y).Int(ldy).Int(pro).Ptr(0).F32(0)
-	return one("mv_moe_"+fam, MoEMatvecGrid(nslot, nmat, rowsE, sms), driver.D1(512), MoEMatvecShared(cols, nx), a), nil
+	return one("mv_moe_"+fam, MoEMatvecGrid(nslot, nmat, rowsE, sms), driver.D1(512), MoEMatvecSharedFor(d, cols, nx), a), nil
 }
 
 // MoEMatvec queues y[s][m·rowsE + o] = W_{m,ids[s]}[o]·x'[xrow(s)] for

@@ -57,6 +57,9 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		add(moeMatvecCalls(d, 1, 8, 2, 2, 6, 2, 32, 64, 3, 64, 0, 0, 4, 64, ProPlain, 132))
 		add(moeMatvecCalls(d, 1, 8, 1, 2, 6, 2, 64, 32, 3, 64, 32, 1, 4, 64, ProSilu, 132))
 	}
+	for _, d := range []quant.DType{quant.F32, quant.F16, quant.BF16} {
+		add(moeMatvecCalls(d, 1, 8, 2, 2, 6, 2, 32, 64, 3, 64, 0, 0, 4, 64, ProPlain, 132))
+	}
 	add(moeCombineCalls(1, 64, 2, 64, 3, 2, 4, 5, 64, 3, 6), nil)
 	add(moeSortCalls(1, 48, 8, 2, 3, 4, MoETiles(48, 8)), nil)
 	add(moeGatherCalls(1, 2, 64, 2, 3, 4, 5, 6, MoETiles(48, 8)), nil)

@@ -340,7 +340,52 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   }
 }
 
+// mv_moe_{f32,f16,bf16}: the same products over float experts (the
+// exact path of the f32 reference models): no quantization, a warp a row,
+// lanes walking its 16-byte chunks, the SwiGLU prologue (pro = MQ_SILU)
+// computed per element from x. Same params; no dynamic shared memory.
+template <class F>
+__device__ __forceinline__ void mv_moe_float(MOE_PARAMS) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int per = nmat * rowsE, N = nslot * per;
+  const size_t rb = (size_t)cols * F::ES;
+  const int nch = (int)(rb / 16);
+  pdl_trigger();
+  pdl_wait();  // ids come from moe_route
+  const bool silu = pro == MQ_SILU;
+  for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
+    const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+    const uint8_t* row = table[(size_t)m * E + (e < 0 ? 0 : e)] + (size_t)o * rb;
+    const float* xp = x + (size_t)(xmode ? s : s / k) * ldx;
+    float acc = 0.0f;
+    if (aligned16(row) && rb % 16 == 0) {
+      for (int c = lane; c < nch; c += 32) {
+        float w[F::E];
+        F::decode(__ldcs((const uint4*)(row + 16 * (size_t)c)), w);
+#pragma unroll
+        for (int j = 0; j < F::E; j++) {
+          const int i = c * F::E + j;
+          float xv = xp[i];
+          if (silu) xv = xv / (1.0f + expf(-xv)) * xp[xoff + i];
+          acc += w[j] * xv;
+        }
+      }
+    } else {
+      for (int i = lane; i < cols; i += 32) {
+        float xv = xp[i];
+        if (silu) xv = xv / (1.0f + expf(-xv)) * xp[xoff + i];
+        acc += F::scalar(row, i) * xv;
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[(size_t)s * ldy + (size_t)m * rowsE + o] = e < 0 ? 0.0f : acc;
+  }
+}
+
 #define MOE_ARGS table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps
+extern "C" __global__ void __launch_bounds__(512) mv_moe_f32(MOE_PARAMS) { mv_moe_float<FmtF32>(MOE_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) mv_moe_f16(MOE_PARAMS) { mv_moe_float<FmtF16>(MOE_ARGS); }
+extern "C" __global__ void __launch_bounds__(512) mv_moe_bf16(MOE_PARAMS) { mv_moe_float<FmtBF16>(MOE_ARGS); }
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q4tp(MOE_PARAMS) { mv_moe<true>(MOE_ARGS); }
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_q8row(MOE_PARAMS) { mv_moe<false>(MOE_ARGS); }
 
