@@ -15,16 +15,27 @@ import (
 )
 
 // TestFixturesOnFake loads the repository's dense fixtures (several
-// layers, GQA, q/k norm, biases, tied heads, bf16 weights) on the fake
+// layers, GQA, q/k norm, biases, tied heads, bf16 weights) and hybrid ones
+// (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet, gated attention, MoE) on the fake
 // device with the kernels' models and on the CPU backend, and compares
 // the logits of a chunked prefill (last-row gather), of every prefill row,
 // and of decode steps (replayed graphs).
 func TestFixturesOnFake(t *testing.T) {
+	type fixture struct {
+		name string
+		q    quant.DType
+	}
+	var fixtures []fixture
 	for _, name := range []string{"llama_f32", "llama_bf16_tied", "qwen2_f32", "qwen3_f32", "qwen3_bf16"} {
-		for _, q := range []quant.DType{quant.F32, quant.Q4TP} {
-			if q == quant.Q4TP && name != "qwen3_f32" {
-				continue
-			}
+		fixtures = append(fixtures, fixture{name, quant.F32})
+	}
+	// The hybrids (Gated DeltaNet layers, gated attention; the MoE ones
+	// in q8_row, the experts the device runs).
+	fixtures = append(fixtures, fixture{"qwen3_f32", quant.Q4TP}, fixture{"qwen3_5_f32", quant.F32},
+		fixture{"qwen3_next_f32", quant.Q8Row}, fixture{"qwen3_5_moe_f32", quant.Q8Row})
+	for _, fx := range fixtures {
+		name, q := fx.name, fx.q
+		{
 			t.Run(name+"/"+q.String(), func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "m.cmf")
 				if _, err := convert.FromHF(context.Background(), filepath.Join("..", "..", "testdata", "models", name), path, convert.Options{Quant: q, Threads: 1}); err != nil {
@@ -76,7 +87,7 @@ func TestFixturesOnFake(t *testing.T) {
 				}
 				got, want := run(dev), run(c)
 				tol := 1e-9
-				if q == quant.Q4TP {
+				if q != quant.F32 {
 					tol = 2e-4
 				}
 				if n := backendtest.NMSE(got, want); !(n <= tol) {
@@ -85,7 +96,7 @@ func TestFixturesOnFake(t *testing.T) {
 				if f.replays == 0 {
 					t.Fatal("no decode step was replayed from a graph")
 				}
-				t.Logf("%d launches, %d replays", len(f.calls), f.replays)
+				t.Logf("NMSE %.3g against the CPU; %d launches, %d replays", backendtest.NMSE(got, want), len(f.calls), f.replays)
 			})
 		}
 	}
