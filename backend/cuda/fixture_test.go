@@ -101,3 +101,86 @@ func TestFixturesOnFake(t *testing.T) {
 		}
 	}
 }
+
+// TestHybridSnapshotsOnFake: Qwen3-Next (q8_row; several Gated DeltaNet
+// and attention layers) on the fake device resumes from model snapshots
+// as the CPU does: a snapshot restored into another cache (RestoreFrom:
+// K/V prefix copied, state restored) continues bitwise as the original
+// cache, and a snapshot taken on the CPU backend restored into the GPU's
+// cache (same tokens) continues within rounding of the GPU's own state:
+// the two devices' snapshots have one layout over every layer.
+func TestHybridSnapshotsOnFake(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.cmf")
+	if _, err := convert.FromHF(context.Background(), filepath.Join("..", "..", "testdata", "models", "qwen3_next_f32"), path, convert.Options{Quant: quant.Q8Row, Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	f := newFake(t, 3)
+	f.numeric, f.decoded = true, map[string][]float32{}
+	dev := fakeOpen(f, Options{Seqs: 3, Ctx: 64, MaxRows: 16, Graphs: true})
+	c := cpu.New(1)
+	defer c.Close()
+	load := func(d backend.Device) *model.Model {
+		cm, err := cmf.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cm.Close() })
+		m, err := model.Load(cm, model.LoadOptions{Device: d, Batch: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	gm, cm := load(dev), load(c)
+	prompt := []int{1, 17, 33, 5, 90, 2, 64, 11, 7, 3, 45, 8}
+	fwd := func(m *model.Model, cache *model.Cache, toks []int, pos int) []float32 {
+		out, err := m.Forward(cache, toks, pos, model.LastLogits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append([]float32(nil), out...)
+	}
+	newCache := func(m *model.Model) *model.Cache {
+		cache, err := m.NewCache(32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cache.Close() })
+		return cache
+	}
+	ga, ca := newCache(gm), newCache(cm)
+	fwd(gm, ga, prompt, 0)
+	fwd(cm, ca, prompt, 0)
+	gs, err := ga.Snapshot(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := ca.Snapshot(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gs.Bytes() != cs.Bytes() || gs.Bytes() != gm.SnapshotBytes() || gs.Len != len(prompt) {
+		t.Fatalf("snapshots of %d and %d bytes (model %d) at length %d", gs.Bytes(), cs.Bytes(), gm.SnapshotBytes(), gs.Len)
+	}
+	next := fwd(gm, ga, []int{4}, len(prompt))
+	if n := backendtest.NMSE(next, fwd(cm, ca, []int{4}, len(prompt))); n > 1e-9 {
+		t.Fatalf("decode after the prompt: NMSE %.3g against the CPU", n)
+	}
+	gb := newCache(gm)
+	if err := gb.RestoreFrom(ga, gs); err != nil {
+		t.Fatal(err)
+	}
+	if got := fwd(gm, gb, []int{4}, len(prompt)); backendtest.NMSE(got, next) != 0 {
+		t.Fatalf("resumed from the snapshot: NMSE %.3g against the original cache", backendtest.NMSE(got, next))
+	}
+	// The CPU's snapshot in the GPU's cache (its K/V rows hold the prompt).
+	if err := gb.Restore(cs); err != nil {
+		t.Fatal(err)
+	}
+	if n := backendtest.NMSE(fwd(gm, gb, []int{4}, len(prompt)), next); n > 1e-9 {
+		t.Fatalf("resumed from the CPU's snapshot: NMSE %.3g against the GPU's own state", n)
+	}
+	if f.replays == 0 {
+		t.Fatal("no decode step was replayed from a graph")
+	}
+}
