@@ -17,9 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -91,7 +93,11 @@ type Device struct {
 
 	spec   *backend.SeqSpec // fixed by the first NewSeq
 	kc, vc []driver.DevicePtr
-	free   []int // free K/V slots
+	// ls is, per Gated DeltaNet layer, the linear-attention state of every
+	// slot: per slot [conv (K−1)×conv_dim | S nv×dk×dv] float32 (the
+	// CPU's SaveState layout), zeroed for each new sequence.
+	ls   []driver.DevicePtr
+	free []int // free K/V slots
 
 	st      *state
 	graphs  map[graphKey]graph
@@ -186,7 +192,9 @@ func (d *Device) Close() error {
 // runs as few, wide matrix products.
 func (d *Device) PrefillRows() int { return d.opt.MaxRows }
 
-// MemoryPlan is what a model needs on the device.
+// MemoryPlan is what a model needs on the device. KV counts the
+// sequences' whole state: the K/V pool and the Gated DeltaNet layers'
+// linear-attention state.
 type MemoryPlan struct {
 	Weights, KV, Scratch, Free int64
 }
@@ -207,7 +215,7 @@ func (d *Device) Plan(weightBytes int64, spec backend.SeqSpec, widest int) error
 func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
-	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * spec.KVBytes(d.opt.Ctx)}
+	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * (spec.KVBytes(d.opt.Ctx) + spec.StateBytes())}
 	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ)
 	err := d.do(func(r runner) error {
 		free, _, err := r.memInfo()
@@ -371,11 +379,25 @@ type seq struct {
 func (s *seq) Len() int { return s.n }
 func (s *seq) Cap() int { return s.ctx }
 func (s *seq) Bytes() int64 {
-	return s.d.spec.KVBytes(s.d.opt.Ctx)
+	return s.d.spec.KVBytes(s.d.opt.Ctx) + s.d.spec.StateBytes()
 }
+
+// Truncate keeps the first n positions; a sequence with linear-attention
+// state can only be emptied (its state zeroed) or kept as is.
 func (s *seq) Truncate(n int) error {
 	if n < 0 || n > s.n {
 		return fmt.Errorf("cuda: truncate to %d positions, the sequence holds %d", n, s.n)
+	}
+	if len(s.d.spec.DeltaNet) > 0 && n != s.n {
+		if n != 0 {
+			return fmt.Errorf("cuda: truncate to %d of %d positions: %w", n, s.n, backend.ErrNotRewindable)
+		}
+		s.d.mu.Lock()
+		err := s.d.zeroState(s.slot)
+		s.d.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	s.n = n
 	return nil
@@ -389,8 +411,8 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 	if ctx <= 0 || ctx > d.opt.Ctx {
 		return nil, fmt.Errorf("cuda: context %d outside 1..%d (the K/V pool was sized at Open)", ctx, d.opt.Ctx)
 	}
-	if len(spec.DeltaNet) > 0 {
-		return nil, fmt.Errorf("cuda: linear-attention (Gated DeltaNet) state: %w", backend.ErrUnsupported)
+	if err := checkSpec(spec); err != nil {
+		return nil, err
 	}
 	if d.spec != nil && !sameSpec(*d.spec, spec) {
 		if len(d.free) != d.opt.Seqs {
@@ -410,20 +432,184 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 		return nil, fmt.Errorf("cuda: all %d sequence slots are in use", d.opt.Seqs)
 	}
 	s := &seq{d: d, slot: d.free[len(d.free)-1], ctx: ctx}
+	if err := d.zeroState(s.slot); err != nil {
+		return nil, err
+	}
 	d.free = d.free[:len(d.free)-1]
 	return s, nil
 }
 
-func sameSpec(a, b backend.SeqSpec) bool {
-	if a.Layers != b.Layers || a.KVHeads != b.KVHeads || a.HeadDim != b.HeadDim || len(a.Attention) != len(b.Attention) {
-		return false
-	}
-	for i := range a.Attention {
-		if a.Attention[i] != b.Attention[i] {
-			return false
+// checkSpec validates a sequence spec's layers and DeltaNet shape.
+func checkSpec(spec backend.SeqSpec) error {
+	att := map[int]bool{}
+	for _, l := range spec.Attention {
+		if l < 0 || l >= spec.Layers {
+			return fmt.Errorf("cuda: attention layer %d of %d", l, spec.Layers)
 		}
+		att[l] = true
 	}
-	return true
+	if len(spec.DeltaNet) == 0 {
+		return nil
+	}
+	g := spec.DeltaNetShape
+	if g.KeyHeads <= 0 || g.ValueHeads <= 0 || g.ValueHeads%g.KeyHeads != 0 || g.KeyDim <= 0 || g.ValueDim <= 0 || g.ConvKernel < 2 {
+		return fmt.Errorf("cuda: Gated DeltaNet state of shape %+v", g)
+	}
+	for _, l := range spec.DeltaNet {
+		if l < 0 || l >= spec.Layers || att[l] {
+			return fmt.Errorf("cuda: Gated DeltaNet layer %d of %d (or also an attention layer)", l, spec.Layers)
+		}
+		att[l] = true
+	}
+	return nil
+}
+
+// zeroState zeroes slot's linear-attention state in every DeltaNet layer
+// (a new or emptied sequence), through zeros in the stage (d.mu held).
+func (d *Device) zeroState(slot int) error {
+	if d.spec == nil || len(d.spec.DeltaNet) == 0 {
+		return nil
+	}
+	per := d.spec.DeltaNetShape.StateBytes()
+	err := d.do(func(r runner) error {
+		stage := r.stage()
+		n := int(min(int64(len(stage)), per))
+		clear(stage[:n])
+		for _, l := range d.spec.DeltaNet {
+			base := d.ls[l].Add(int64(slot) * per)
+			for off := int64(0); off < per; off += int64(n) {
+				if err := r.htod(base.Add(off), 0, int(min(int64(n), per-off))); err != nil {
+					return err
+				}
+			}
+		}
+		return r.sync() // the stage is reused after the copies
+	})
+	if err != nil {
+		return fmt.Errorf("cuda: zeroing the linear-attention state of slot %d: %w", slot, err)
+	}
+	return nil
+}
+
+// stateCopy copies slot's linear-attention state of every DeltaNet layer
+// (in the spec's order) to host (toHost) or from it, through the stage.
+func (d *Device) stateCopy(slot int, host []float32, toHost bool) error {
+	per := d.spec.DeltaNetShape.StateBytes()
+	return d.do(func(r runner) error {
+		stage := r.stage()
+		chunk := int64(len(stage)) &^ 3
+		h := 0 // floats of host done
+		for _, l := range d.spec.DeltaNet {
+			base := d.ls[l].Add(int64(slot) * per)
+			for off := int64(0); off < per; off += chunk {
+				n := int(min(chunk, per-off))
+				view := unsafe.Slice((*float32)(unsafe.Pointer(&stage[0])), n/4)
+				if toHost {
+					if err := r.dtoh(0, base.Add(off), n); err != nil {
+						return err
+					}
+					if err := r.sync(); err != nil {
+						return err
+					}
+					copy(host[h:], view)
+				} else {
+					copy(view, host[h:h+n/4])
+					if err := r.htod(base.Add(off), 0, n); err != nil {
+						return err
+					}
+					if err := r.sync(); err != nil {
+						return err
+					}
+				}
+				h += n / 4
+			}
+		}
+		return nil
+	})
+}
+
+// SaveState copies the sequence's linear-attention state (every DeltaNet
+// layer's conv inputs and matrices, the CPU's layout) into dst
+// (backend.StateSaver). A failed copy is logged and returns an empty
+// slice, which RestoreState refuses.
+func (s *seq) SaveState(dst []float32) []float32 {
+	d := s.d
+	n := int(d.spec.StateBytes() / 4)
+	if cap(dst) < n {
+		dst = make([]float32, n)
+	}
+	dst = dst[:n]
+	if n == 0 || s.slot < 0 {
+		return dst[:0]
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.stateCopy(s.slot, dst, true); err != nil {
+		slog.Error("cuda: saving a sequence's linear-attention state", "err", err)
+		return dst[:0]
+	}
+	return dst
+}
+
+// RestoreState sets the linear-attention state to one SaveState returned
+// at length n, and the length to n.
+func (s *seq) RestoreState(state []float32, n int) error {
+	d := s.d
+	if want := int(d.spec.StateBytes() / 4); len(state) != want || want == 0 || s.slot < 0 {
+		return fmt.Errorf("cuda: restore a state of %d values into a sequence of %d", len(state), want)
+	}
+	if n < 0 || n > s.ctx {
+		return fmt.Errorf("cuda: restore to length %d, context %d", n, s.ctx)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.stateCopy(s.slot, state, false); err != nil {
+		return fmt.Errorf("cuda: restoring the linear-attention state: %w", err)
+	}
+	s.n = n
+	return nil
+}
+
+// CopyPrefix copies src's K/V rows [0, n) of every attention layer into
+// s (device-to-device).
+func (s *seq) CopyPrefix(src backend.Seq, n int) error {
+	c, ok := src.(*seq)
+	d := s.d
+	if !ok || c.d != d || c.slot < 0 || s.slot < 0 {
+		return fmt.Errorf("cuda: copy a prefix between sequences of different devices (or a released one)")
+	}
+	if n < 0 || n > c.ctx || n > s.ctx {
+		return fmt.Errorf("cuda: copy %d positions between contexts of %d and %d", n, c.ctx, s.ctx)
+	}
+	if n == 0 || c == s {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	nkv, hd, ctx := int64(d.spec.KVHeads), int64(d.spec.HeadDim), int64(d.opt.Ctx)
+	err := d.do(func(r runner) error {
+		for _, l := range d.spec.Attention {
+			for _, p := range []driver.DevicePtr{d.kc[l], d.vc[l]} {
+				for h := range nkv {
+					dst := p.Add(4 * ((int64(s.slot)*nkv + h) * ctx * hd))
+					from := p.Add(4 * ((int64(c.slot)*nkv + h) * ctx * hd))
+					if err := r.dtod(dst, from, 4*int64(n)*hd); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return r.sync()
+	})
+	if err != nil {
+		return fmt.Errorf("cuda: copying a %d-position prefix: %w", n, err)
+	}
+	return nil
+}
+
+func sameSpec(a, b backend.SeqSpec) bool {
+	return a.Layers == b.Layers && a.KVHeads == b.KVHeads && a.HeadDim == b.HeadDim && slices.Equal(a.Attention, b.Attention) &&
+		slices.Equal(a.DeltaNet, b.DeltaNet) && (len(a.DeltaNet) == 0 || a.DeltaNetShape == b.DeltaNetShape)
 }
 
 // allocKV allocates every attention layer's pool:
@@ -442,10 +628,22 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 				d.allocs = append(d.allocs, p)
 			}
 		}
+		if len(spec.DeltaNet) > 0 {
+			d.ls = make([]driver.DevicePtr, spec.Layers)
+		}
+		for _, l := range spec.DeltaNet {
+			p, err := r.alloc(int64(d.opt.Seqs) * spec.DeltaNetShape.StateBytes())
+			if err != nil {
+				return err
+			}
+			d.ls[l] = p
+			d.allocs = append(d.allocs, p)
+		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("cuda: K/V pool of %s: %w", gb(2*per*int64(len(spec.Attention))), err)
+		return fmt.Errorf("cuda: K/V pool of %s (and linear-attention state of %s): %w", gb(2*per*int64(len(spec.Attention))),
+			gb(int64(d.opt.Seqs)*spec.StateBytes()), err)
 	}
 	sp := spec
 	d.spec = &sp
@@ -459,7 +657,7 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 func (d *Device) freeKV() error {
 	err := d.do(func(r runner) error {
 		var errs []error
-		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc} {
+		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc, d.ls} {
 			for _, p := range ps {
 				if p != 0 {
 					errs = append(errs, r.free(p))
@@ -469,7 +667,7 @@ func (d *Device) freeKV() error {
 		}
 		return errors.Join(errs...)
 	})
-	d.kc, d.vc, d.free, d.spec = nil, nil, nil, nil
+	d.kc, d.vc, d.ls, d.free, d.spec = nil, nil, nil, nil, nil
 	if err != nil {
 		return fmt.Errorf("cuda: freeing the K/V pool: %w", err)
 	}
@@ -487,8 +685,9 @@ func (d *Device) Release(s backend.Seq) {
 }
 
 var (
-	_ backend.Device    = (*Device)(nil)
-	_ backend.Planner   = (*Device)(nil)
-	_ backend.Releaser  = (*Device)(nil)
-	_ backend.StepTimer = (*Device)(nil)
+	_ backend.Device     = (*Device)(nil)
+	_ backend.Planner    = (*Device)(nil)
+	_ backend.Releaser   = (*Device)(nil)
+	_ backend.StepTimer  = (*Device)(nil)
+	_ backend.StateSaver = (*seq)(nil)
 )

@@ -11,10 +11,9 @@ import (
 	"github.com/cortiq/cortiq/quant"
 )
 
-// The Gated DeltaNet block is not implemented on the GPU yet (issue 12,
-// the GPU half): a step that uses it fails with ErrUnsupported, and NewSeq
-// refuses a sequence with linear-attention state. The MoE block runs on
-// the device (moe.cu) for experts stored as q8_row or q4tp.
+// The hybrid models' blocks on the device: the MoE block (moe.cu, experts
+// stored as q8_row or q4tp) and the Gated DeltaNet block (deltanet.cu,
+// sequential delta rule; the chunked WY form of prefill is not written).
 
 // moeMaxSlots bounds rows × TopK of one expert launch (the prologue's
 // 64 rows); longer steps run in chunks of rows.
@@ -243,7 +242,94 @@ func (st *state) moeTables(w *backend.MoE) [3]driver.DevicePtr {
 	return t
 }
 
-// DeltaNet fails: not on the GPU yet.
+// DeltaNet adds layer's Gated DeltaNet block to x: the input RMSNorm and
+// the projections (st.mv / the fused decode matvec) into one row per token
+// of ProjWidth floats (the model's layout kept: dn_* read either), the
+// causal conv over each sequence's carried inputs (dn_conv, then
+// dn_conv_state advances them), the delta rule with its gates, L2 norms
+// and gated RMSNorm (dn_rule: one block per sequence and value head,
+// walking the sequence's rows in order; a decode step's sequences are its
+// rows, so the launch shape is the graph key's), and x += out_proj(o). Every
+// launch reads the rows' slots from the staged inputs: decode steps replay
+// from a graph.
 func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
-	st.fail(fmt.Errorf("cuda: the Gated DeltaNet block (layer %d): %w", layer, backend.ErrUnsupported))
+	if st.err != nil {
+		return
+	}
+	d, R, H, M := st.d, st.rows, st.H, st.d.opt.MaxRows
+	s := w.Shape
+	if d.spec == nil || layer < 0 || layer >= len(d.ls) || d.ls[layer] == 0 || d.spec.DeltaNetShape != s {
+		st.fail(fmt.Errorf("cuda: layer %d (Gated DeltaNet %+v) has no linear-attention state in the pool", layer, s))
+		return
+	}
+	kd, vd, cd := s.Dims()
+	nv := s.ValueHeads
+	k := kern.DeltaNet{KeyHeads: s.KeyHeads, ValueHeads: nv, KeyDim: s.KeyDim, ValueDim: s.ValueDim, ConvKernel: s.ConvKernel,
+		Grouped: w.QKVZ != nil, ConvW: ptrOf(w.Conv), State: d.ls[layer], Slot: st.slot(),
+		ALog: ptrOf(w.ALog), Dt: ptrOf(w.DtBias), NormW: ptrOf(w.GateNorm.W), Eps: w.GateNorm.Eps}
+	pw := k.ProjWidth()
+	k.Ldp, k.Ldc, k.Ldo = pw, cd, vd
+	if err := k.Check(); err != nil {
+		st.fail(fmt.Errorf("cuda: layer %d: %w", layer, err))
+		return
+	}
+	dims := func(m backend.Mat, r, c int) bool {
+		if m == nil {
+			return false
+		}
+		mr, mc := m.Dims()
+		return mr == r && mc == c
+	}
+	vlen := func(v backend.Vec, n int) bool { return v != nil && v.Len() == n }
+	var ms []backend.Mat
+	if k.Grouped {
+		ms = []backend.Mat{w.QKVZ, w.BA}
+		if !dims(w.QKVZ, 2*kd+2*vd, H) || !dims(w.BA, 2*nv, H) || w.QKV != nil {
+			st.fail(fmt.Errorf("cuda: layer %d: in_proj_qkvz/in_proj_ba shapes for width %d (or both layouts set)", layer, H))
+			return
+		}
+	} else {
+		ms = []backend.Mat{w.QKV, w.Z, w.B, w.A}
+		if !dims(w.QKV, cd, H) || !dims(w.Z, vd, H) || !dims(w.B, nv, H) || !dims(w.A, nv, H) {
+			st.fail(fmt.Errorf("cuda: layer %d: in_proj_qkv/z/b/a shapes for width %d", layer, H))
+			return
+		}
+	}
+	if !vlen(w.Conv, cd*s.ConvKernel) || !vlen(w.ALog, nv) || !vlen(w.DtBias, nv) || !vlen(w.GateNorm.W, s.ValueDim) || !dims(w.Out, H, vd) {
+		st.fail(fmt.Errorf("cuda: layer %d: conv/A_log/dt_bias/norm/out_proj shapes", layer))
+		return
+	}
+	x := st.buf("x", int64(M)*int64(H)*4)
+	xb := st.buf("xb", int64(M)*int64(H)*4)
+	k.Proj = st.buf("dn_proj", int64(M)*int64(pw)*4)
+	k.Conv = st.buf("dn_conv", int64(M)*int64(cd)*4)
+	k.Out = st.buf("dn_o", int64(M)*int64(vd)*4)
+	// Column of each projection in a row: grouped [qkvz | ba], split
+	// [qkv | z | b | a].
+	cols := []int{0, 2*kd + 2*vd}
+	if !k.Grouped {
+		cols = []int{0, cd, cd + vd, cd + vd + nv}
+	}
+	if st.fusable(ms...) {
+		// Decode: the norm in the matvecs' prologue, up to three stacked
+		// tensors a launch (their rows land side by side, as cols says).
+		for i := 0; i < len(ms); i += 3 {
+			j := min(len(ms), i+3)
+			st.mvNorm(ms[i:j], make([]driver.DevicePtr, j-i), x, H, k.Proj.Add(int64(4*cols[i])), pw, &w.Norm, R)
+		}
+	} else {
+		st.rmsnorm(x, xb, R, H, &w.Norm)
+		for i, m := range ms {
+			st.mv(m.(*mat), xb, H, k.Proj.Add(int64(4*cols[i])), pw, 0, false, R)
+		}
+	}
+	cc, rc := k.ConvLaunch(R), k.RuleLaunch(len(st.b.Seqs))
+	k.PackConv(st.a())
+	st.launch("dn_conv", cc.Grid, cc.Block, 0)
+	k.PackConvState(st.a())
+	st.launch("dn_conv_state", cc.Grid, cc.Block, 0)
+	k.PackRule(st.a(), R)
+	st.launch("dn_rule", rc.Grid, rc.Block, rc.Shared)
+	// x += out_proj(o): the residual add in the matvec's epilogue.
+	st.mv(w.Out.(*mat), k.Out, vd, x, H, 0, true, R)
 }

@@ -219,12 +219,19 @@ type devBuf struct {
 // xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
 // widest floats); the int8 GEMM's quants and scales (Options.MMQ: 1.125
 // bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
-// widest + 2·heads floats, bounded by 2·widest).
+// widest + 2·heads floats, bounded by 2·widest); a Gated DeltaNet layer's
+// projections, conv output and rule output.
 func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) int64 {
 	M, w := int64(maxRows), int64(widest)
 	n := 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
 	if mmq {
 		n += 2 * M * w
+	}
+	if len(spec.DeltaNet) > 0 {
+		// dn_proj, dn_conv, dn_o (hybrid.go).
+		g := spec.DeltaNetShape
+		kd, vd, cd := g.Dims()
+		n += 4 * M * int64(2*kd+2*vd+2*g.ValueHeads+cd+vd)
 	}
 	return n
 }

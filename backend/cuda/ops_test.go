@@ -558,6 +558,8 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldi >= n && ldh >= n, "ld"),
 			f.span("g", c.ptr(0), rowsSpan(R, ldi, n)), f.span("u", c.ptr(1), rowsSpan(R, ldi, n)),
 			f.span("h", c.ptr(3), rowsSpan(R, ldh, n)))
+	case name == "dn_conv", name == "dn_conv_state", name == "dn_rule":
+		return f.checkDN(c)
 	}
 	return fmt.Errorf("no check written for kernel %s", name)
 }
@@ -1098,4 +1100,102 @@ func closeTimes(a, b backend.StepTimes) bool {
 	near := func(x, y time.Duration, n int) bool { return (x - y).Abs() <= time.Duration(n+1)*time.Nanosecond }
 	return a.Steps == b.Steps && a.Graphs == b.Graphs && a.Kernels == b.Kernels &&
 		near(a.StepTime, b.StepTime, a.Steps) && near(a.KernelTime, b.KernelTime, a.Kernels)
+}
+
+// dnCall decodes a dn_* launch's parameters (deltanet.cu) into the
+// geometry and pointers kern.DeltaNet packs, and its rows.
+func dnCall(c *fakeCall) (kern.DeltaNet, int) {
+	var k kern.DeltaNet
+	R := int(c.cfg.Grid.Y)
+	switch c.name {
+	case "dn_conv":
+		k = kern.DeltaNet{Proj: c.ptr(0), Ldp: c.int(1), Grouped: c.int(2) != 0, KeyHeads: c.int(3), KeyDim: c.int(4), ValueHeads: c.int(5),
+			ValueDim: c.int(6), ConvW: c.ptr(7), ConvKernel: c.int(8), State: c.ptr(9), Slot: c.ptr(11), Conv: c.ptr(12), Ldc: c.int(13)}
+	case "dn_conv_state":
+		k = kern.DeltaNet{Proj: c.ptr(0), Ldp: c.int(1), Grouped: c.int(2) != 0, KeyHeads: c.int(3), KeyDim: c.int(4), ValueHeads: c.int(5),
+			ValueDim: c.int(6), ConvKernel: c.int(7), State: c.ptr(8), Slot: c.ptr(10)}
+	case "dn_rule":
+		k = kern.DeltaNet{Conv: c.ptr(0), Ldc: c.int(1), Proj: c.ptr(2), Ldp: c.int(3), Grouped: c.int(4) != 0, KeyHeads: c.int(5), KeyDim: c.int(6),
+			ValueHeads: c.int(7), ValueDim: c.int(8), ALog: c.ptr(9), Dt: c.ptr(10), NormW: c.ptr(11), Eps: c.f32(12), State: c.ptr(13),
+			Slot: c.ptr(16), Out: c.ptr(18), Ldo: c.int(19)}
+		R = c.int(17) // the grid's y is the step's sequences
+	}
+	return k, R
+}
+
+// dnSeqs is the number of sequences of a step's rows (runs of one slot).
+func dnSeqs(slots []int) int {
+	n := 0
+	for r, s := range slots {
+		if r == 0 || slots[r-1] != s {
+			n++
+		}
+	}
+	return n
+}
+
+// checkDN checks a dn_* launch: its shape is kern.DeltaNet's, the state
+// stride (and dn_rule's S offset) the pool's, its slots are the staged
+// inputs' from row 0 with each sequence's rows consecutive, and every
+// operand lies inside its allocation.
+func (f *fakeGPU) checkDN(c *fakeCall) error {
+	k, R := dnCall(c)
+	stride, slotArg := 0, 0
+	switch c.name {
+	case "dn_conv":
+		stride, slotArg = c.int(10), 11
+	case "dn_conv_state":
+		stride, slotArg = c.int(9), 10
+	case "dn_rule":
+		stride, slotArg = c.int(14), 16
+	}
+	if k.KeyHeads <= 0 || k.ValueHeads <= 0 || k.ValueHeads%k.KeyHeads != 0 || k.KeyDim <= 0 || k.ValueDim <= 0 {
+		return fmt.Errorf("geometry %+v", k)
+	}
+	_, vd, cd := k.Dims()
+	nv := k.ValueHeads
+	in, M := f.inputs()
+	errs := []error{want(k.Ldp >= k.ProjWidth(), "ldp %d for %d", k.Ldp, k.ProjWidth()),
+		f.span("proj", k.Proj, rowsSpan(R, k.Ldp, k.ProjWidth())),
+		want(c.ptr(slotArg) == in.Add(int64(8*M)), "slots at %#x, not the staged inputs' row 0 (%#x)", c.ptr(slotArg), in.Add(int64(8*M)))}
+	slots, err := f.ints(c.ptr(slotArg), R)
+	if err != nil {
+		return err
+	}
+	seen := map[int]bool{}
+	for r, s := range slots {
+		if s < 0 || s >= f.seqs {
+			errs = append(errs, fmt.Errorf("row %d: slot %d outside the pool", r, s))
+		}
+		if r > 0 && slots[r-1] != s && seen[s] {
+			errs = append(errs, fmt.Errorf("row %d: slot %d's rows are not consecutive", r, s))
+		}
+		seen[s] = true
+	}
+	if c.name == "dn_rule" {
+		k.ConvKernel = c.int(15)/cd + 1
+		errs = append(errs, want(c.int(15) == (k.ConvKernel-1)*cd, "S offset %d", c.int(15)))
+	}
+	errs = append(errs, want(stride == k.StateFloats(), "stride %d, a slot holds %d", stride, k.StateFloats()),
+		f.span("state", k.State, 4*int64(f.seqs)*int64(stride)))
+	switch c.name {
+	case "dn_conv", "dn_conv_state":
+		want := k.ConvLaunch(R)
+		errs = append(errs, func() error {
+			if c.cfg.Grid != want.Grid || c.cfg.Block != want.Block || c.cfg.Shared != 0 {
+				return fmt.Errorf("shape (want %+v)", want)
+			}
+			return nil
+		}())
+		if c.name == "dn_conv" {
+			errs = append(errs, f.span("w", k.ConvW, 4*int64(cd*k.ConvKernel)), f.span("out", k.Conv, rowsSpan(R, k.Ldc, cd)))
+		}
+	case "dn_rule":
+		w := k.RuleLaunch(dnSeqs(slots))
+		errs = append(errs, want(R >= 1 && R <= M, "R %d", R), want(c.cfg.Grid == w.Grid && c.cfg.Block == w.Block && c.cfg.Shared == w.Shared, "shape (want %+v)", w),
+			want(k.Ldc >= cd && k.Ldo >= vd, "ld"), f.span("conv", k.Conv, rowsSpan(R, k.Ldc, cd)),
+			f.span("out", k.Out, rowsSpan(R, k.Ldo, vd)), f.span("A_log", k.ALog, 4*int64(nv)), f.span("dt_bias", k.Dt, 4*int64(nv)),
+			f.span("norm", k.NormW, 4*int64(k.ValueDim)))
+	}
+	return errorsJoin(errs...)
 }

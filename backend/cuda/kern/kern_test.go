@@ -142,6 +142,12 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"gate_split":      {8, 4, 8, 4, 8, 4, 4, 4, 4},
 		"gate_mul":        {8, 4, 8, 4, 4},
 		"gemmq_actq":      {8, 4, 4, 8, 8, 4}, // (X, ldx, cols, XQ, D, perm)
+		// (proj, ldp, grouped, nk, dk, nv, dv, w, K, state, stride, slot, out, ldo)
+		"dn_conv": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
+		// (proj, ldp, grouped, nk, dk, nv, dv, K, state, stride, slot)
+		"dn_conv_state": {8, 4, 4, 4, 4, 4, 4, 4, 8, 4, 8},
+		// (conv, ldc, proj, ldp, grouped, nk, dk, nv, dv, A_log, dt_bias, nw, eps, state, stride, soff, slot, R, out, ldo)
+		"dn_rule": {8, 4, 8, 4, 4, 4, 4, 4, 4, 8, 8, 8, 4, 8, 4, 4, 8, 4, 8, 4},
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}

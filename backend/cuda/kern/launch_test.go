@@ -68,6 +68,11 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	}
 	add(gateSplitCalls(1, 96, 2, 64, 3, 32, 2, 16, 32, 3), nil)
 	add(gateMulCalls(1, 32, 2, 32, 32, 3), nil)
+	for _, grouped := range []bool{false, true} {
+		dn := DeltaNet{KeyHeads: 16, ValueHeads: 32, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Grouped: grouped,
+			Proj: 1, Ldp: 12352, ConvW: 2, State: 3, Slot: 4, Conv: 5, Ldc: 8192, ALog: 6, Dt: 7, NormW: 8, Eps: 1e-6, Out: 9, Ldo: 4096}
+		add(dn.Calls(3, 2))
+	}
 	used := map[string]bool{}
 	for _, c := range all {
 		k, ok := m.Kernel(c.name)

@@ -1,0 +1,137 @@
+package kern
+
+import (
+	"fmt"
+
+	"github.com/cortiq/cortiq/backend/cuda/driver"
+)
+
+// DeltaNet is one Gated DeltaNet layer's kernels over a step's rows
+// (csrc/deltanet.cu): dn_conv (the causal conv + SiLU over the carried
+// inputs), dn_conv_state (the carried inputs advanced), dn_rule (gates, L2
+// norms, the delta rule per (sequence, value head) walking its rows in
+// order, the gated RMSNorm). Rows find their sequence's state from the
+// per-row slots (Slot: the staged inputs), never from launch parameters.
+type DeltaNet struct {
+	KeyHeads, ValueHeads, KeyDim, ValueDim, ConvKernel int
+	// Grouped: Proj rows are Qwen3-Next's [per key head q k v z][per key
+	// head b a]; else Qwen3.5's [q_all k_all v_all | z | b | a].
+	Grouped bool
+	Proj    Ptr // rows × ProjWidth, Ldp apart
+	Ldp     int
+	ConvW   Ptr // cd × K
+	// State is the layer's pool: per slot StateFloats floats
+	// [conv (K−1)×cd | S nv×dk×dv].
+	State Ptr
+	Slot  Ptr // int32 per row
+	Conv  Ptr // the conv output, rows × cd, Ldc apart
+	Ldc   int
+	ALog  Ptr // nv
+	Dt    Ptr // dt_bias, nv
+	NormW Ptr // dv
+	Eps   float32
+	Out   Ptr // rows × nv·dv, Ldo apart
+	Ldo   int
+}
+
+// Dims returns key_dim, value_dim and conv_dim.
+func (k DeltaNet) Dims() (kd, vd, cd int) {
+	kd, vd = k.KeyHeads*k.KeyDim, k.ValueHeads*k.ValueDim
+	return kd, vd, 2*kd + vd
+}
+
+// ProjWidth is the floats of one projection row (both layouts).
+func (k DeltaNet) ProjWidth() int {
+	_, _, cd := k.Dims()
+	return cd + k.ValueHeads*k.ValueDim + 2*k.ValueHeads
+}
+
+// StateFloats is one sequence's state in the layer's pool.
+func (k DeltaNet) StateFloats() int {
+	_, _, cd := k.Dims()
+	return (k.ConvKernel-1)*cd + k.ValueHeads*k.KeyDim*k.ValueDim
+}
+
+// DNRuleThreads is dn_rule's block: P groups of dv rounded up to a warp,
+// P = clamp(512/dvp, 1, 8) (each group takes every P-th row of S).
+func DNRuleThreads(dv int) int {
+	dvp := (dv + 31) / 32 * 32
+	return dvp * max(1, min(8, 512/dvp))
+}
+
+// DNRuleShared is dn_rule's dynamic shared memory: S, q, k and one
+// partial sum per thread.
+func DNRuleShared(dk, dv int) int { return 4 * (dk*dv + 2*dk + DNRuleThreads(dv)) }
+
+// dnMaxShared bounds dn_rule's shared memory (the H100/H200 opt-in
+// maximum is 227 KB a block, less its static 256 bytes).
+const dnMaxShared = 200 << 10
+
+// Check validates the geometry against the kernels' limits.
+func (k DeltaNet) Check() error {
+	if k.KeyHeads <= 0 || k.ValueHeads <= 0 || k.ValueHeads%k.KeyHeads != 0 || k.KeyDim <= 0 || k.ValueDim <= 0 || k.ConvKernel < 2 {
+		return fmt.Errorf("kern: deltanet %d key heads × %d, %d value heads × %d, conv %d", k.KeyHeads, k.KeyDim, k.ValueHeads, k.ValueDim, k.ConvKernel)
+	}
+	_, vd, cd := k.Dims()
+	if k.ValueDim > 1024 || DNRuleShared(k.KeyDim, k.ValueDim) > dnMaxShared {
+		return fmt.Errorf("kern: deltanet heads of %d×%d exceed dn_rule's block (≤1024 values, %d bytes of shared memory)", k.KeyDim, k.ValueDim, dnMaxShared)
+	}
+	if k.Ldp < k.ProjWidth() || k.Ldc < cd || k.Ldo < vd {
+		return fmt.Errorf("kern: deltanet strides %d/%d/%d for widths %d/%d/%d", k.Ldp, k.Ldc, k.Ldo, k.ProjWidth(), cd, vd)
+	}
+	return nil
+}
+
+// PackConv packs dn_conv's parameters.
+func (k DeltaNet) PackConv(a *driver.Args) *driver.Args {
+	return a.Ptr(k.Proj).Int(k.Ldp).Int(b2i(k.Grouped)).Int(k.KeyHeads).Int(k.KeyDim).Int(k.ValueHeads).Int(k.ValueDim).
+		Ptr(k.ConvW).Int(k.ConvKernel).Ptr(k.State).Int(k.StateFloats()).Ptr(k.Slot).Ptr(k.Conv).Int(k.Ldc)
+}
+
+// PackConvState packs dn_conv_state's parameters.
+func (k DeltaNet) PackConvState(a *driver.Args) *driver.Args {
+	return a.Ptr(k.Proj).Int(k.Ldp).Int(b2i(k.Grouped)).Int(k.KeyHeads).Int(k.KeyDim).Int(k.ValueHeads).Int(k.ValueDim).
+		Int(k.ConvKernel).Ptr(k.State).Int(k.StateFloats()).Ptr(k.Slot)
+}
+
+// PackRule packs dn_rule's parameters for a step of R rows.
+func (k DeltaNet) PackRule(a *driver.Args, R int) *driver.Args {
+	_, _, cd := k.Dims()
+	return a.Ptr(k.Conv).Int(k.Ldc).Ptr(k.Proj).Int(k.Ldp).Int(b2i(k.Grouped)).Int(k.KeyHeads).Int(k.KeyDim).
+		Int(k.ValueHeads).Int(k.ValueDim).Ptr(k.ALog).Ptr(k.Dt).Ptr(k.NormW).F32(k.Eps).
+		Ptr(k.State).Int(k.StateFloats()).Int((k.ConvKernel - 1) * cd).Ptr(k.Slot).Int(R).Ptr(k.Out).Int(k.Ldo)
+}
+
+// ConvLaunch is dn_conv's and dn_conv_state's launch shape over R rows.
+func (k DeltaNet) ConvLaunch(R int) driver.Config {
+	_, _, cd := k.Dims()
+	return driver.Config{Grid: driver.D2((cd+255)/256, R), Block: driver.D1(256)}
+}
+
+// RuleLaunch is dn_rule's launch shape over a step of seqs sequences.
+func (k DeltaNet) RuleLaunch(seqs int) driver.Config {
+	return driver.Config{Grid: driver.D2(k.ValueHeads, seqs), Block: driver.D1(DNRuleThreads(k.ValueDim)), Shared: DNRuleShared(k.KeyDim, k.ValueDim)}
+}
+
+// Calls returns the layer's three launches over a step of R rows of seqs
+// sequences, in order.
+func (k DeltaNet) Calls(R, seqs int) ([]call, error) {
+	if err := k.Check(); err != nil {
+		return nil, err
+	}
+	if R < 1 || R > 65535 || seqs < 1 || seqs > R {
+		return nil, fmt.Errorf("kern: deltanet over %d rows of %d sequences", R, seqs)
+	}
+	c, r := k.ConvLaunch(R), k.RuleLaunch(seqs)
+	return []call{
+		{"dn_conv", c, k.PackConv(&driver.Args{})},
+		{"dn_conv_state", c, k.PackConvState(&driver.Args{})},
+		{"dn_rule", r, k.PackRule(&driver.Args{}, R)},
+	}, nil
+}
+
+// DeltaNet queues the layer's kernels over a step of R rows of seqs
+// sequences (the slots say which rows are whose).
+func (l *Launcher) DeltaNet(k DeltaNet, R, seqs int) error {
+	return l.run(k.Calls(R, seqs))
+}

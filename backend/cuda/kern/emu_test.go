@@ -1,0 +1,98 @@
+package kern_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+)
+
+// TestEmuDeltaNet runs deltanet.cu's own source on the host (the binary
+// scripts/emu-deltanet builds with emu/common.cuh's thread-per-CUDA-thread
+// emulation, named by CORTIQ_EMU_DELTANET; skipped without it) over steps
+// that mix sequences, and compares each step's conv output, block output
+// and state pool with dnReference (the CPU kernels), at three head shapes
+// (the parity suite's; dk = dv = 128; dk = 40, dv = 24: rows not a
+// multiple of the thread groups, a partial warp of columns) and both
+// projection layouts.
+func TestEmuDeltaNet(t *testing.T) {
+	bin := os.Getenv("CORTIQ_EMU_DELTANET")
+	if bin == "" {
+		t.Skip("CORTIQ_EMU_DELTANET is not set (scripts/emu-deltanet builds the emulator and sets it)")
+	}
+	dir := t.TempDir()
+	in, outPath := filepath.Join(dir, "in.bin"), filepath.Join(dir, "out.bin")
+	steps := [][]int32{
+		{1, 1, 1, 1, 1, 3, 0, 0},
+		{1, 3, 0},
+		{2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 1, 1},
+		{2, 0, 1, 3},
+	}
+	const seqs = 4
+	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {1, 2, 128, 128}, {2, 4, 40, 24}} {
+		for _, grouped := range []bool{false, true} {
+			r := rng(41 + shape.dk)
+			k := kern.DeltaNet{KeyHeads: shape.nk, ValueHeads: shape.nv, KeyDim: shape.dk, ValueDim: shape.dv, ConvKernel: 4, Grouped: grouped, Eps: 1e-6}
+			_, vd, cd := k.Dims()
+			pw, stride := k.ProjWidth(), k.StateFloats()
+			convW, aLog, dtBias := r.vec(cd*4, 0.3), r.vec(k.ValueHeads, 0.5), r.vec(k.ValueHeads, 0.5)
+			normW := r.vec(k.ValueDim, 0.1)
+			for i := range aLog {
+				aLog[i] -= 1.5
+			}
+			for i := range normW {
+				normW[i]++
+			}
+			pool := r.vec(seqs*stride, 0.2)
+			ref := append([]float32(nil), pool...)
+			for si, slots := range steps {
+				R := len(slots)
+				proj := r.vec(R*pw, 1)
+				nseq := 1
+				for i := 1; i < R; i++ {
+					if slots[i] != slots[i-1] {
+						nseq++
+					}
+				}
+				var b []byte
+				for _, v := range []int{k.KeyHeads, k.ValueHeads, k.KeyDim, k.ValueDim, 4, b2i(grouped), R, seqs, nseq, kern.DNRuleThreads(k.ValueDim), kern.DNRuleShared(k.KeyDim, k.ValueDim)} {
+					b = binary.LittleEndian.AppendUint32(b, uint32(v))
+				}
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(k.Eps))
+				b = append(b, f32bytes(proj)...)
+				for _, s := range slots {
+					b = binary.LittleEndian.AppendUint32(b, uint32(s))
+				}
+				for _, v := range [][]float32{convW, aLog, dtBias, normW, pool} {
+					b = append(b, f32bytes(v)...)
+				}
+				if err := os.WriteFile(in, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if out, err := exec.Command(bin, in, outPath).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %s", err, out)
+				}
+				o, err := os.ReadFile(outPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := bytesf32(o)
+				if len(got) != R*cd+R*vd+seqs*stride {
+					t.Fatalf("the emulator wrote %d floats, want %d", len(got), R*cd+R*vd+seqs*stride)
+				}
+				wantConv, wantOut := dnReference(k, proj, slots, ref, convW, aLog, dtBias, normW)
+				name := fmt.Sprintf("%v grouped=%v step %d", shape, grouped, si)
+				dnClose(t, name+": conv", got[:R*cd], wantConv, 1e-5)
+				dnClose(t, name+": out", got[R*cd:R*cd+R*vd], wantOut, 1e-4)
+				pool = got[R*cd+R*vd:]
+				dnClose(t, name+": pool", pool, ref, 1e-5)
+			}
+			t.Logf("%v grouped=%v: ok", shape, grouped)
+		}
+	}
+}
