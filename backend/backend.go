@@ -178,8 +178,14 @@ type Batch struct {
 	// Next, when set (LastLogits only, one entry per sequence), asks a
 	// device that implements Argmaxer for each sequence's greedy next token
 	// (argmax of its last row's logits, ties to the lowest id) instead of
-	// the logits: only the ids leave the device, and Out is not written.
+	// the logits: only the ids leave the device, and Out is not written
+	// unless LogitsOf asks for some rows.
 	Next []int32
+	// LogitsOf, with Next, lists sequences (indices into Seqs, ascending)
+	// whose last-row logits are also written to Out, in that order
+	// (Out[k·vocab:(k+1)·vocab] for LogitsOf[k]): one step serves greedy
+	// rows with ids and sampling rows with logits.
+	LogitsOf []int
 }
 
 // Argmaxer is a device that can pick greedy tokens itself (Batch.Next).

@@ -11,14 +11,15 @@ package backendtest
 import (
 	"errors"
 	"fmt"
-	"github.com/cortiq/cortiq/sample"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/sample"
 )
 
 // Case is one parity case: an op with its options in one weight format.
@@ -385,6 +386,22 @@ func Serial(sched []Step) []Step {
 // (Batch.Next; the device must be a backend.Argmaxer). It returns the
 // logits of every step's sequences in order, or their ids.
 func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool) ([]float32, []int32, error) {
+	var mode func(int) bool // nil: logits only
+	if greedy {
+		mode = func(int) bool { return false }
+	}
+	return runLast(dev, c, sched, seed, mode)
+}
+
+// RunMixed runs sched like RunLast with greedy ids for every sequence of
+// every step, and also asks for the logits of the sequences for which
+// want(k) is true, k counting the sequences of all steps in order
+// (Batch.LogitsOf). It returns those logits, in order, and every id.
+func RunMixed(dev backend.Device, c Case, sched []Step, seed uint64, want func(k int) bool) ([]float32, []int32, error) {
+	return runLast(dev, c, sched, seed, want)
+}
+
+func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(int) bool) ([]float32, []int32, error) {
 	n, err := build(dev, c, seed)
 	if err != nil {
 		return nil, nil, err
@@ -414,8 +431,14 @@ func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool)
 			}
 			b.Seqs, b.Tokens = append(b.Seqs, s), append(b.Tokens, toks)
 		}
-		if greedy {
+		if want != nil {
 			b.Next = make([]int32, len(b.Seqs))
+			for i := range b.Seqs {
+				if want(len(ids) + i) {
+					b.LogitsOf = append(b.LogitsOf, i)
+				}
+			}
+			b.Out = make([]float32, len(b.LogitsOf)*c.Vocab)
 		} else {
 			b.Out = make([]float32, len(b.Seqs)*c.Vocab)
 		}
@@ -461,6 +484,37 @@ func CheckGreedy(t *testing.T, open func() backend.Device) {
 				}
 				if id != want {
 					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the logits %d", k.Name, name, i, id, want)
+				}
+			}
+			// One step, both kinds of rows: every other sequence's
+			// logits come back beside every id (Batch.LogitsOf).
+			odd := func(k int) bool { return k%2 == 1 }
+			ml, mids, err := RunMixed(a, k, s, 5, odd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(mids, ids) {
+				t.Fatalf("%s/%s: ids with LogitsOf %v, without %v", k.Name, name, mids, ids)
+			}
+			var wantL []float32
+			for i := range ids {
+				if odd(i) {
+					wantL = append(wantL, lg[i*k.Vocab:(i+1)*k.Vocab]...)
+				}
+			}
+			if len(ml) != len(wantL) {
+				t.Fatalf("%s/%s: %d logits for LogitsOf, want %d", k.Name, name, len(ml), len(wantL))
+			}
+			if e := NMSE(ml, wantL); e > 1e-10 {
+				t.Fatalf("%s/%s: LogitsOf rows differ from the logits-only run: NMSE %.3g", k.Name, name, e)
+			}
+			for j := 0; j < len(ml)/k.Vocab; j++ {
+				want, err := sample.Greedy(ml[j*k.Vocab : (j+1)*k.Vocab])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if id := mids[2*j+1]; id != want {
+					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the same step's logits %d", k.Name, name, 2*j+1, id, want)
 				}
 			}
 			ran++

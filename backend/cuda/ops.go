@@ -163,6 +163,8 @@ type state struct {
 	outN    int              // floats of them
 	next    driver.DevicePtr // the step's greedy ids (Batch.Next; set by Head)
 	nextN   int              // ids of them
+	rowsOf  driver.DevicePtr // with next: the logits rows Batch.LogitsOf copies from
+	vocab   int              // their width
 	mode    int
 	dynamic bool // the step used dynamic RoPE (never captured)
 	stale   bool // modeCheck: a buffer would have to grow (no replay)
@@ -330,7 +332,7 @@ func (st *state) a() *driver.Args { return st.args.Reset() }
 func (st *state) begin(mode int) {
 	st.mode, st.err, st.dynamic, st.stale, st.dynOf = mode, nil, false, false, nil
 	st.outN, st.out, st.sig = 0, 0, st.sig[:0]
-	st.next, st.nextN = 0, 0
+	st.next, st.nextN, st.rowsOf, st.vocab = 0, 0, 0, 0
 }
 
 // Run runs step over b's rows on the GPU.
@@ -491,6 +493,9 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 			return err
 		}
 		copy(b.Next[:st.nextN], unsafe.Slice((*int32)(unsafe.Pointer(&r.stage()[0])), st.nextN))
+		if err := st.copyRows(); err != nil {
+			return err
+		}
 	}
 	if err := r.sync(); err != nil {
 		return err
@@ -1001,6 +1006,15 @@ func (st *state) Head(w *backend.Head) {
 	case !greedy && len(b.Out) < n*V:
 		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), n, V))
 		return
+	case greedy && len(b.Out) < len(b.LogitsOf)*V:
+		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), len(b.LogitsOf), V))
+		return
+	}
+	for k, i := range b.LogitsOf {
+		if !greedy || i < 0 || i >= n || (k > 0 && i <= b.LogitsOf[k-1]) {
+			st.fail(fmt.Errorf("cuda: LogitsOf %v: want ascending sequence indices below %d, with Next", b.LogitsOf, n))
+			return
+		}
 	}
 	x := st.buf("x", int64(M)*int64(H)*4)
 	src := x
@@ -1025,6 +1039,7 @@ func (st *state) Head(w *backend.Head) {
 		st.a().Ptr(logits).Int(V).Int(V).Ptr(next)
 		st.launch("argmax", driver.D1(n), driver.D1(1024), 0)
 		st.next, st.nextN = next, n
+		st.rowsOf, st.vocab = logits, V
 		return
 	}
 	st.out, st.outN = logits, n*V
@@ -1041,12 +1056,35 @@ func (st *state) copyLogits() error {
 	if len(st.b.Out) < st.outN {
 		return fmt.Errorf("cuda: logits buffer of %d for %d logits", len(st.b.Out), st.outN)
 	}
-	out := st.b.Out[:st.outN]
+	return st.copyOut(st.b.Out[:st.outN], st.out)
+}
+
+// copyRows brings the logits rows Batch.LogitsOf names (of a step that
+// picked greedy ids) into b.Out, one copy per run of consecutive rows.
+func (st *state) copyRows() error {
+	rows, V := st.b.LogitsOf, st.vocab
+	for k := 0; k < len(rows); {
+		e := k + 1
+		for e < len(rows) && rows[e] == rows[e-1]+1 {
+			e++
+		}
+		src := st.rowsOf.Add(4 * int64(rows[k]) * int64(V))
+		if err := st.copyOut(st.b.Out[k*V:e*V], src); err != nil {
+			return err
+		}
+		k = e
+	}
+	return nil
+}
+
+// copyOut copies len(out) floats at src to out through the pinned stage,
+// in pieces that fit it.
+func (st *state) copyOut(out []float32, src driver.DevicePtr) error {
 	sb := st.r.stage()
 	piece := len(sb) / 4
 	for off := 0; off < len(out); off += piece {
 		k := min(piece, len(out)-off)
-		if err := st.r.dtoh(0, st.out.Add(int64(4*off)), 4*k); err != nil {
+		if err := st.r.dtoh(0, src.Add(int64(4*off)), 4*k); err != nil {
 			return err
 		}
 		if err := st.r.sync(); err != nil {
