@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cortiq/cortiq/engine"
@@ -105,6 +106,12 @@ type scheduler struct {
 	wake chan struct{}
 	quit chan struct{}
 	done chan struct{}
+
+	// The loop's per-step buffers (step): which rows want logits, the ids.
+	want    []bool
+	next    []int
+	idSteps    atomic.Int64 // steps that ran the ids path (tests)
+	mixedSteps atomic.Int64 // of them, steps that also brought logits back
 }
 
 func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
@@ -179,7 +186,7 @@ func (s *scheduler) run() {
 			continue
 		}
 		t0 := time.Now()
-		logits, err := s.e.Step(seqs, toks)
+		logits, err := s.step(seqs, toks, rows)
 		dt := time.Since(t0)
 		if err != nil {
 			slog.Error("batched step failed", "err", err, "sequences", len(rows))
@@ -203,6 +210,10 @@ func (s *scheduler) run() {
 			}
 			if len(sl.pending) > 0 {
 				continue // prompt not finished: no token yet
+			}
+			if logits[i] == nil {
+				s.emitNext(sl, sample.Result{Token: int32(s.next[i])})
+				continue
 			}
 			s.sampleNext(sl, logits[i])
 		}
@@ -337,8 +348,37 @@ func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
 	return seqs, toks, rows
 }
 
-// sampleNext draws a slot's next token from its logits, streams it, and
-// either queues it for the next step or ends the job.
+// step runs one batched step. Rows whose token is the plain argmax of the
+// logits (greedy, no penalty, no log-probabilities, no constraint) and
+// rows still prefilling take the ids-only path (engine.StepNext: on a GPU
+// only their ids leave the device); the logits come to the host for the
+// other rows only. A step with no such row runs engine.Step. logits[i] is
+// nil where the id in s.next[i] is the row's token.
+func (s *scheduler) step(seqs []*engine.Session, toks [][]int, rows []*slot) ([][]float32, error) {
+	s.want, s.next = s.want[:0], s.next[:0]
+	ids, logits := false, false
+	for _, sl := range rows {
+		w := len(sl.pending) == 0 && !sl.j.greedy()
+		s.want, s.next = append(s.want, w), append(s.next, -1)
+		ids, logits = ids || !w, logits || w
+	}
+	if !ids {
+		return s.e.Step(seqs, toks)
+	}
+	s.idSteps.Add(1)
+	if logits {
+		s.mixedSteps.Add(1)
+	}
+	return s.e.StepNext(seqs, toks, s.want, s.next)
+}
+
+// greedy reports whether the job's every token is the argmax of the raw
+// logits, so that the device may pick it (sample.Params.PlainGreedy and no
+// constraint masking the logits).
+func (j *job) greedy() bool { return j.cons == nil && j.params.PlainGreedy() }
+
+// sampleNext draws a slot's next token from its logits and hands it to
+// emitNext.
 func (s *scheduler) sampleNext(sl *slot, logits []float32) {
 	j := sl.j
 	if j.cons != nil {
@@ -349,6 +389,13 @@ func (s *scheduler) sampleNext(sl *slot, logits []float32) {
 		s.finish(sl, "error", fmt.Errorf("server: sampling: %w", err))
 		return
 	}
+	s.emitNext(sl, r)
+}
+
+// emitNext streams a slot's next token and either queues it for the next
+// step or ends the job.
+func (s *scheduler) emitNext(sl *slot, r sample.Result) {
+	j := sl.j
 	j.sm.Accept(r.Token)
 	if j.cons != nil {
 		j.cons.accept(int(r.Token))
