@@ -108,8 +108,8 @@ type scheduler struct {
 	done chan struct{}
 
 	// The loop's per-step buffers (step): which rows want logits, the ids.
-	want    []bool
-	next    []int
+	want       []bool
+	next       []int
 	idSteps    atomic.Int64 // steps that ran the ids path (tests)
 	mixedSteps atomic.Int64 // of them, steps that also brought logits back
 }
