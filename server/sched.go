@@ -32,6 +32,7 @@ type job struct {
 	events    chan event // buffered for max+2 events: the scheduler never blocks
 	enqueued  time.Time
 	log       *slog.Logger // carries the request id
+	id        string       // the request id
 
 	sm      *sample.Sampler
 	stop    *sample.StopChecker
@@ -87,6 +88,7 @@ type schedConfig struct {
 	PrefillChunk int // prompt tokens per sequence per step
 	PrefillSeqs  int // prefilling sequences per step
 	stepDelay    time.Duration
+	onToken      func(id string, at time.Time) // Config.onToken
 }
 
 // scheduler runs continuous batching: every step is one engine.Step over
@@ -408,6 +410,9 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 		s.m.itl.Observe(now.Sub(j.lastTok).Seconds())
 	}
 	j.lastTok = now
+	if s.cfg.onToken != nil {
+		s.cfg.onToken(j.id, now)
+	}
 	j.gen++
 	s.m.completionTokens.Inc()
 	tok := int(r.Token)

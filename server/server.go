@@ -36,6 +36,10 @@ type Config struct {
 
 	stepDelay time.Duration // tests: a pause after every step, to make streams long
 	forceText string        // tests: every reply is exactly this text (see forcedTokens)
+	// tests: called by the scheduler as each token goes to its stream,
+	// with the request's id (X-Request-Id); the load test times tokens
+	// with it where no chunk carries them (no logprobs, empty text).
+	onToken func(id string, at time.Time)
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -111,7 +115,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken}, s.m)
 	if err != nil {
 		return err
 	}
