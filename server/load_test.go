@@ -323,6 +323,9 @@ func TestLoadDecodeScaling(t *testing.T) {
 	}
 	ts := httptest.NewServer(s)
 	defer func() { ts.CloseClientConnections(); s.Close(); ts.Close() }()
+	// One request first, untimed: the first steps page the weights in and
+	// (on a GPU) record the step graphs.
+	runLoad(t, ts.URL, 1, 1, promptLen, min(newTok, 4), withUsage, tap)
 	for _, mode := range modes {
 		one := runLoad(t, ts.URL, 1, 1, promptLen, newTok, mode, tap)
 		eight := runLoad(t, ts.URL, 8, 8, promptLen, newTok, mode, tap)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,9 +111,12 @@ type scheduler struct {
 	quit chan struct{}
 	done chan struct{}
 
-	// The loop's per-step buffers (step): which rows want logits, the ids.
+	// The loop's per-step buffers: which rows want logits, the ids (step);
+	// the rows to sample and what was drawn for each row (draw).
 	want       []bool
 	next       []int
+	todo       []int
+	drawn      []drawn
 	idSteps    atomic.Int64 // steps that ran the ids path (tests)
 	mixedSteps atomic.Int64 // of them, steps that also brought logits back
 }
@@ -200,6 +205,7 @@ func (s *scheduler) run() {
 			continue
 		}
 		s.account(rows, toks, dt)
+		s.draw(rows, logits)
 		for i, sl := range rows {
 			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
 				// Hybrid prefill: snapshot the state at interval boundaries
@@ -217,7 +223,11 @@ func (s *scheduler) run() {
 				s.emitNext(sl, sample.Result{Token: int32(s.next[i])})
 				continue
 			}
-			s.sampleNext(sl, logits[i])
+			if d := s.drawn[i]; d.err != nil {
+				s.finish(sl, "error", fmt.Errorf("server: sampling: %w", d.err))
+			} else {
+				s.emitNext(sl, d.r)
+			}
 		}
 		s.gauges()
 		if s.cfg.stepDelay > 0 {
@@ -374,24 +384,55 @@ func (s *scheduler) step(seqs []*engine.Session, toks [][]int, rows []*slot) ([]
 	return s.e.StepNext(seqs, toks, s.want, s.next)
 }
 
+// drawn is a row's sampled token, or why there is none.
+type drawn struct {
+	r   sample.Result
+	err error
+}
+
 // greedy reports whether the job's every token is the argmax of the raw
 // logits, so that the device may pick it (sample.Params.PlainGreedy and no
 // constraint masking the logits).
 func (j *job) greedy() bool { return j.cons == nil && j.params.PlainGreedy() }
 
-// sampleNext draws a slot's next token from its logits and hands it to
-// emitNext.
-func (s *scheduler) sampleNext(sl *slot, logits []float32) {
-	j := sl.j
-	if j.cons != nil {
-		j.cons.mask(logits)
+// draw samples the next token of every row that has logits and no prompt
+// left (constraint mask, then the job's sampler) into s.drawn. Each row's
+// work is a pass or more over the vocabulary in Go (128k entries for
+// Llama 3), so rows are drawn in parallel, each job's sampler and
+// constraint touched by one goroutine: results do not depend on it.
+func (s *scheduler) draw(rows []*slot, logits [][]float32) {
+	s.drawn = slices.Grow(s.drawn[:0], len(rows))[:len(rows)]
+	clear(s.drawn)
+	s.todo = s.todo[:0]
+	for i, sl := range rows {
+		if len(sl.pending) == 0 && logits[i] != nil {
+			s.todo = append(s.todo, i)
+		}
 	}
-	r, err := j.sm.Sample(logits)
-	if err != nil {
-		s.finish(sl, "error", fmt.Errorf("server: sampling: %w", err))
+	one := func(i int) {
+		j := rows[i].j
+		if j.cons != nil {
+			j.cons.mask(logits[i])
+		}
+		s.drawn[i].r, s.drawn[i].err = j.sm.Sample(logits[i])
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(s.todo))
+	if workers <= 1 {
+		for _, i := range s.todo {
+			one(i)
+		}
 		return
 	}
-	s.emitNext(sl, r)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for k := next.Add(1) - 1; k < int64(len(s.todo)); k = next.Add(1) - 1 {
+				one(s.todo[k])
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // emitNext streams a slot's next token and either queues it for the next
