@@ -280,7 +280,7 @@ func (r *Report) Markdown(w io.Writer) {
 		ids, logits = ids || x.Returns == "ids", logits || x.Returns == "logits"
 	}
 	if ids {
-		fmt.Fprintf(w, "\ntgNxB: B sequences decoded together, one batched step per token, as a greedy server step runs it: the greedy ids are picked on the device and only they come back to the host (engine.StepNext)\n")
+		fmt.Fprintf(w, "\ntgNxB: B sequences decoded together, one batched step per token, as a greedy server step runs it (engine.StepNext): the greedy ids are picked on the device where it can (a GPU: only they come back to the host; the CPU reduces rows already in host memory)\n")
 	}
 	if logits {
 		fmt.Fprintf(w, "tgNxB+logits: the same steps with every sequence's logits copied to the host (engine.Step), what a step of sampling requests costs before the sampling itself\n")

@@ -83,7 +83,7 @@ func TestDepthsBatches(t *testing.T) {
 	// The table says what the batch rows bring back to the host.
 	var md strings.Builder
 	(&Report{Results: res}).Markdown(&md)
-	for _, l := range []string{"| tg4x3 |", "| tg4x3+logits |", "only they come back to the host (engine.StepNext)", "every sequence's logits copied to the host (engine.Step)"} {
+	for _, l := range []string{"| tg4x3 |", "| tg4x3+logits |", "as a greedy server step runs it (engine.StepNext)", "every sequence's logits copied to the host (engine.Step)"} {
 		if !strings.Contains(md.String(), l) {
 			t.Errorf("the table lacks %q:\n%s", l, md.String())
 		}
