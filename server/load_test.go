@@ -276,8 +276,9 @@ func TestLoad(t *testing.T) {
 // with CORTIQ_LOAD_FULL set also 64 streams. Both variants run (the greedy
 // fast path without logprobs, counted from usage, first; then logprobs,
 // every row's logits on the host) unless CORTIQ_LOAD_MODE names one
-// (usage or logprobs). It is a measurement, run by hand: skipped when the
-// variable is not set.
+// (usage or logprobs); CORTIQ_LOAD_REPEAT=N runs N interleaved rounds of
+// them. It is a measurement, run by hand: skipped when the variable is not
+// set.
 func TestLoadDecodeScaling(t *testing.T) {
 	path := os.Getenv("CORTIQ_LOAD_MODEL")
 	if path == "" {
@@ -326,16 +327,28 @@ func TestLoadDecodeScaling(t *testing.T) {
 	// One request first, untimed: the first steps page the weights in and
 	// (on a GPU) record the step graphs.
 	runLoad(t, ts.URL, 1, 1, promptLen, min(newTok, 4), withUsage, tap)
-	for _, mode := range modes {
-		one := runLoad(t, ts.URL, 1, 1, promptLen, newTok, mode, tap)
-		eight := runLoad(t, ts.URL, 8, 8, promptLen, newTok, mode, tap)
-		t.Log(one)
-		t.Log(eight)
-		t.Logf("%v: aggregate decode at concurrency 8 / single stream: %.2f×", mode, eight.steadyDecodeTokSec/one.steadyDecodeTokSec)
-		if os.Getenv("CORTIQ_LOAD_FULL") != "" {
-			full := runLoad(t, ts.URL, 64, 64, promptLen, newTok, mode, tap)
-			t.Log(full)
-			t.Logf("%v: aggregate decode at concurrency 64 / single stream: %.2f×", mode, full.steadyDecodeTokSec/one.steadyDecodeTokSec)
+	repeat := 1 // CORTIQ_LOAD_REPEAT: rounds of the variants, interleaved
+	if v := os.Getenv("CORTIQ_LOAD_REPEAT"); v != "" {
+		fmt.Sscan(v, &repeat)
+	}
+	for range repeat {
+		for _, mode := range modes {
+			loadScaling(t, ts.URL, promptLen, newTok, mode, tap)
 		}
+	}
+}
+
+// loadScaling logs one variant's figures at concurrency 1 and 8 (and 64
+// with CORTIQ_LOAD_FULL) and their ratios.
+func loadScaling(t *testing.T, url string, promptLen, newTok int, mode loadMode, tap *tokenTap) {
+	one := runLoad(t, url, 1, 1, promptLen, newTok, mode, tap)
+	eight := runLoad(t, url, 8, 8, promptLen, newTok, mode, tap)
+	t.Log(one)
+	t.Log(eight)
+	t.Logf("%v: aggregate decode at concurrency 8 / single stream: %.2f×", mode, eight.steadyDecodeTokSec/one.steadyDecodeTokSec)
+	if os.Getenv("CORTIQ_LOAD_FULL") != "" {
+		full := runLoad(t, url, 64, 64, promptLen, newTok, mode, tap)
+		t.Log(full)
+		t.Logf("%v: aggregate decode at concurrency 64 / single stream: %.2f×", mode, full.steadyDecodeTokSec/one.steadyDecodeTokSec)
 	}
 }
