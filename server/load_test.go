@@ -262,7 +262,9 @@ func TestLoad(t *testing.T) {
 				t.Fatalf("inconsistent figures: %v", r)
 			}
 			// Logprobs need the logits on the host; without them every row
-			// is greedy and takes the ids path.
+			// is greedy and takes the ids path. (A prompt longer than
+			// PrefillChunk would put ids steps in the logprobs runs too: its
+			// rows before the last chunk want nothing back.)
 			if ids := sch.idSteps.Load() - ids0; (mode == withUsage) != (ids > 0) {
 				t.Fatalf("%v: %d steps on the ids path", r, ids)
 			}
