@@ -93,9 +93,10 @@ type schedConfig struct {
 	onToken      func(id string, at time.Time) // Config.onToken
 }
 
-// scheduler runs continuous batching: every step is one engine.Step over
-// the decoding slots (one token each) plus prompt chunks of a few
-// prefilling slots; jobs join and leave at step boundaries.
+// scheduler runs continuous batching: every step is one batched engine
+// step (StepNext, or Step when every row samples: see step) over the
+// decoding slots (one token each) plus prompt chunks of a few prefilling
+// slots; jobs join and leave at step boundaries.
 type scheduler struct {
 	e     *engine.Engine
 	cfg   schedConfig

@@ -1,6 +1,7 @@
 // Package server is cortiq's OpenAI-compatible HTTP API: chat and text
 // completions (streamed over SSE or not) on a continuous-batching scheduler
-// over engine.Step, with constrained JSON output, tool calls, Prometheus
+// over engine.StepNext / engine.Step (greedy rows get their ids from the
+// device, only sampling rows bring logits back), with constrained JSON output, tool calls, Prometheus
 // metrics and an embedded chat page.
 package server
 
