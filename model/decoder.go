@@ -301,8 +301,9 @@ func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, erro
 // with want[i] (want nil: none): logits[i] is then caches[i]'s buffer, as
 // ForwardMulti's, and nil for the others. On a device that picks tokens
 // itself (backend.Argmaxer) only the ids and the wanted rows leave the
-// device; elsewhere every row's logits are reduced here. On error no cache
-// has advanced.
+// device; elsewhere every row's logits are reduced here. A failed step
+// advances no cache; a NaN logit found here (sample.Greedy's error, as
+// ForwardGreedy's) is reported after the step, the caches advanced.
 func (m *Model) ForwardMultiNext(caches []*Cache, tokens [][]int, want []bool, next []int) ([][]float32, error) {
 	if len(next) != len(caches) || (want != nil && len(want) != len(caches)) {
 		return nil, fmt.Errorf("model: %d caches, %d ids, %d logits flags", len(caches), len(next), len(want))
