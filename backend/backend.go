@@ -186,6 +186,11 @@ type Batch struct {
 	// (Out[k·vocab:(k+1)·vocab] for LogitsOf[k]): one step serves greedy
 	// rows with ids and sampling rows with logits.
 	LogitsOf []int
+	// OutRows, when set (LastLogits only), replaces Out: the k-th row of
+	// logits Out would receive (sequence k, or LogitsOf[k] with Next) is
+	// written to OutRows[k], of at least vocab floats: the callers'
+	// per-sequence buffers, filled without a copy through one block.
+	OutRows [][]float32
 }
 
 // Argmaxer is a device that can pick greedy tokens itself (Batch.Next).

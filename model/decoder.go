@@ -280,17 +280,13 @@ func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, erro
 	if err != nil {
 		return nil, err
 	}
-	V := m.cfg.vocab
-	buf := m.stepOut(len(caches) * V)
-	defer m.outs.Put(buf)
-	b.Out = *buf
-	if err := m.dev.Run(&b, m.step); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
-	}
 	out := make([][]float32, len(caches))
 	for i, c := range caches {
-		copy(c.logits, b.Out[i*V:(i+1)*V])
 		out[i] = c.logits
+	}
+	b.OutRows = out // each sequence's logits straight into its cache's buffer
+	if err := m.dev.Run(&b, m.step); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	return out, nil
 }
@@ -312,66 +308,47 @@ func (m *Model) ForwardMultiNext(caches []*Cache, tokens [][]int, want []bool, n
 	if err != nil {
 		return nil, err
 	}
-	V := m.cfg.vocab
 	out := make([][]float32, len(caches))
 	if a, ok := m.dev.(backend.Argmaxer); ok && a.Argmaxes() {
 		ids := make([]int32, len(caches))
 		for i, w := range want {
 			if w {
 				b.LogitsOf = append(b.LogitsOf, i)
+				b.OutRows = append(b.OutRows, caches[i].logits)
 			}
 		}
-		buf := m.stepOut(len(b.LogitsOf) * V)
-		defer m.outs.Put(buf)
-		b.Next, b.Out = ids, *buf
+		b.Next = ids
 		if err := m.dev.Run(&b, m.step); err != nil {
 			return nil, fmt.Errorf("model: %w", err)
 		}
 		for i, id := range ids {
 			next[i] = int(id)
 		}
-		for k, i := range b.LogitsOf {
-			c := caches[i]
-			copy(c.logits, b.Out[k*V:(k+1)*V])
-			out[i] = c.logits
+		for _, i := range b.LogitsOf {
+			out[i] = caches[i].logits
 		}
 		return out, nil
 	}
-	buf := m.stepOut(len(caches) * V)
-	defer m.outs.Put(buf)
-	b.Out = *buf
+	// Every row's logits to its cache's buffer, reduced here.
+	b.OutRows = make([][]float32, len(caches))
+	for i, c := range caches {
+		b.OutRows[i] = c.logits
+	}
 	if err := m.dev.Run(&b, m.step); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	for i, c := range caches {
-		row := b.Out[i*V : (i+1)*V]
-		id, err := sample.Greedy(row)
+		id, err := sample.Greedy(c.logits)
 		if err != nil {
 			// The caches have advanced; the step's ids are unusable.
 			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
 		}
 		next[i] = int(id)
 		if want != nil && want[i] {
-			copy(c.logits, row)
 			out[i] = c.logits
 		}
 	}
 	return out, nil
-}
-
-// stepOut returns a pooled buffer of at least n floats (batched steps
-// would otherwise allocate sequences × vocab floats each: 33 MB for 64
-// sequences of a 128k vocabulary); Put it back in m.outs.
-func (m *Model) stepOut(n int) *[]float32 {
-	p, _ := m.outs.Get().(*[]float32)
-	if p == nil {
-		p = new([]float32)
-	}
-	if cap(*p) < n {
-		*p = make([]float32, n)
-	}
-	*p = (*p)[:n]
-	return p
 }
 
 // multiBatch checks a multi-sequence step and builds its batch.

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"sync"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
@@ -72,7 +71,6 @@ type Model struct {
 	w     weights
 	hy    []hyLayer         // hybrid models (hybrid.go): the layers; w.layers is empty
 	step  func(backend.Ops) // one step of the network over a batch's rows
-	outs  sync.Pool         // *[]float32: batched steps' logits buffers (stepOut)
 }
 
 // Load builds a runnable model over an open CMF file: it checks the

@@ -29,11 +29,11 @@ func (d *argmaxCPU) Run(b *backend.Batch, step func(backend.Ops)) error {
 	}
 	d.runs++
 	V := d.vocab
-	if len(b.Out) < len(b.LogitsOf)*V {
-		return fmt.Errorf("argmaxCPU: Out of %d for %d rows", len(b.Out), len(b.LogitsOf))
+	if len(b.Out) < len(b.LogitsOf)*V && len(b.OutRows) < len(b.LogitsOf) {
+		return fmt.Errorf("argmaxCPU: Out of %d, %d rows, for %d rows", len(b.Out), len(b.OutRows), len(b.LogitsOf))
 	}
 	inner := *b
-	inner.Next, inner.LogitsOf, inner.Out = nil, nil, make([]float32, len(b.Seqs)*V)
+	inner.Next, inner.LogitsOf, inner.OutRows, inner.Out = nil, nil, nil, make([]float32, len(b.Seqs)*V)
 	if err := d.Device.Run(&inner, step); err != nil {
 		return err
 	}
@@ -45,7 +45,11 @@ func (d *argmaxCPU) Run(b *backend.Batch, step func(backend.Ops)) error {
 		b.Next[i] = id
 	}
 	for k, i := range b.LogitsOf {
-		copy(b.Out[k*V:(k+1)*V], inner.Out[i*V:(i+1)*V])
+		if b.OutRows != nil {
+			copy(b.OutRows[k][:V], inner.Out[i*V:(i+1)*V])
+		} else {
+			copy(b.Out[k*V:(k+1)*V], inner.Out[i*V:(i+1)*V])
+		}
 	}
 	return nil
 }

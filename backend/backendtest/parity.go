@@ -390,18 +390,26 @@ func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool)
 	if greedy {
 		mode = func(int) bool { return false }
 	}
-	return runLast(dev, c, sched, seed, mode)
+	return runLast(dev, c, sched, seed, mode, false)
 }
 
 // RunMixed runs sched like RunLast with greedy ids for every sequence of
 // every step, and also asks for the logits of the sequences for which
 // want(k) is true, k counting the sequences of all steps in order
-// (Batch.LogitsOf). It returns those logits, in order, and every id.
+// (Batch.LogitsOf). It returns those logits, in order, and every id. The
+// logits go to one buffer per sequence (Batch.OutRows).
 func RunMixed(dev backend.Device, c Case, sched []Step, seed uint64, want func(k int) bool) ([]float32, []int32, error) {
-	return runLast(dev, c, sched, seed, want)
+	return runLast(dev, c, sched, seed, want, true)
 }
 
-func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(int) bool) ([]float32, []int32, error) {
+// RunLastRows is RunLast without greedy ids, each sequence's logits
+// written to a buffer of its own (Batch.OutRows) instead of one block.
+func RunLastRows(dev backend.Device, c Case, sched []Step, seed uint64) ([]float32, error) {
+	out, _, err := runLast(dev, c, sched, seed, nil, true)
+	return out, err
+}
+
+func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(int) bool, rowsOut bool) ([]float32, []int32, error) {
 	n, err := build(dev, c, seed)
 	if err != nil {
 		return nil, nil, err
@@ -442,8 +450,17 @@ func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(in
 		} else {
 			b.Out = make([]float32, len(b.Seqs)*c.Vocab)
 		}
+		if rowsOut {
+			for len(b.Out) > 0 {
+				b.OutRows, b.Out = append(b.OutRows, b.Out[:c.Vocab:c.Vocab]), b.Out[c.Vocab:]
+			}
+			b.Out = nil
+		}
 		if err := dev.Run(b, n.step); err != nil {
 			return nil, nil, fmt.Errorf("%s step %d: %w", c.Name, si, err)
+		}
+		for _, r := range b.OutRows {
+			out = append(out, r...)
 		}
 		out, ids = append(out, b.Out...), append(ids, b.Next...)
 	}
@@ -453,7 +470,10 @@ func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(in
 // CheckGreedy runs every case and schedule twice on fresh devices from
 // open: once for the last logits, once for the device's greedy ids
 // (Batch.Next), and fails unless each id is the argmax of its logits
-// (sample.Greedy: ties to the lowest id). Cases a device does not
+// (sample.Greedy: ties to the lowest id). It also runs the logits into
+// per-sequence rows (Batch.OutRows) and a mixed step (ids for every
+// sequence, logits for every other one: Batch.LogitsOf into OutRows),
+// which must give the same logits and ids. Cases a device does not
 // implement are skipped; it fails when none ran.
 func CheckGreedy(t *testing.T, open func() backend.Device) {
 	t.Helper()
@@ -485,6 +505,13 @@ func CheckGreedy(t *testing.T, open func() backend.Device) {
 				if id != want {
 					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the logits %d", k.Name, name, i, id, want)
 				}
+			}
+			rl, err := RunLastRows(a, k, s, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := NMSE(rl, lg); len(rl) != len(lg) || e > 1e-10 {
+				t.Fatalf("%s/%s: logits to per-sequence rows (Batch.OutRows) differ from one block: %d vs %d, NMSE %.3g", k.Name, name, len(rl), len(lg), e)
 			}
 			// One step, both kinds of rows: every other sequence's
 			// logits come back beside every id (Batch.LogitsOf).
