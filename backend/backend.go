@@ -178,8 +178,19 @@ type Batch struct {
 	// Next, when set (LastLogits only, one entry per sequence), asks a
 	// device that implements Argmaxer for each sequence's greedy next token
 	// (argmax of its last row's logits, ties to the lowest id) instead of
-	// the logits: only the ids leave the device, and Out is not written.
+	// the logits: only the ids leave the device, and Out is not written
+	// unless LogitsOf asks for some rows.
 	Next []int32
+	// LogitsOf, with Next, lists sequences (indices into Seqs, ascending)
+	// whose last-row logits are also written to Out, in that order
+	// (Out[k·vocab:(k+1)·vocab] for LogitsOf[k]): one step serves greedy
+	// rows with ids and sampling rows with logits.
+	LogitsOf []int
+	// OutRows, when set (LastLogits only), replaces Out: the k-th row of
+	// logits Out would receive (sequence k, or LogitsOf[k] with Next) is
+	// written to OutRows[k], of at least vocab floats: the callers'
+	// per-sequence buffers, filled without a copy through one block.
+	OutRows [][]float32
 }
 
 // Argmaxer is a device that can pick greedy tokens itself (Batch.Next).

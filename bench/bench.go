@@ -32,8 +32,13 @@ type Config struct {
 	Depths []int
 	// Batches, if set, add an aggregate tg test at each batch size: that
 	// many sequences decode Gen tokens together, one batched step
-	// (engine.Step) per token, each weight read once per step.
+	// per token, each weight read once per step. The steps return greedy
+	// ids only (engine.StepNext, as a greedy server step runs).
 	Batches []int
+	// BatchLogits adds, at each batch size, the same test with every
+	// sequence's logits copied to the host (engine.Step: what a step of
+	// sampling requests costs), as the series "batch-logits".
+	BatchLogits bool
 }
 
 // Result is one test of one model.
@@ -64,6 +69,10 @@ type Result struct {
 	Series string `json:"series,omitempty"`
 	Depth  int    `json:"depth,omitempty"`
 	Batch  int    `json:"batch,omitempty"`
+	// Returns says what a batch test's steps bring back to the host:
+	// "ids" (greedy ids picked on the device) or "logits" (every
+	// sequence's logits, series "batch-logits").
+	Returns string `json:"returns,omitempty"`
 }
 
 // Report is a whole run.
@@ -223,12 +232,17 @@ func Run(ctx context.Context, path string, e *engine.Engine, cfg Config, bw floa
 			}
 			out = append(out, withBandwidth(r, e, bw, 1))
 		}
-		for _, n := range cfg.Batches {
-			r, err := batchTest(ctx, e, base, cfg, n, tokens(cfg.Gen+n), now)
-			if err != nil {
-				return nil, err
+		for _, logits := range []bool{false, true} {
+			if logits && !cfg.BatchLogits {
+				break
 			}
-			out = append(out, withBandwidth(r, e, bw, n))
+			for _, n := range cfg.Batches {
+				r, err := batchTest(ctx, e, base, cfg, n, tokens(cfg.Gen+n), now, logits)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, withBandwidth(r, e, bw, n))
+			}
 		}
 	}
 	return out, nil
@@ -260,6 +274,16 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "\nread bandwidth probed on %s: %.0f GB/s; each tg row is compared with the best device probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidthSource, r.ReadBandwidth/1e9)
 	} else if r.ReadBandwidth > 0 {
 		fmt.Fprintf(w, "\nread bandwidth probed at the start: %.1f GB/s with %d threads; each tg row is compared with the best probe interleaved with its repetitions (read bw column)\n", r.ReadBandwidth/1e9, r.Threads)
+	}
+	ids, logits := false, false
+	for _, x := range r.Results {
+		ids, logits = ids || x.Returns == "ids", logits || x.Returns == "logits"
+	}
+	if ids {
+		fmt.Fprintf(w, "\ntgNxB: B sequences decoded together, one batched step per token, as a greedy server step runs it (engine.StepNext): the greedy ids are picked on the device where it can (a GPU: only they come back to the host; the CPU reduces rows already in host memory)\n")
+	}
+	if logits {
+		fmt.Fprintf(w, "tgNxB+logits: the same steps with every sequence's logits copied to the host (engine.Step), what a step of sampling requests costs before the sampling itself\n")
 	}
 	for i := range r.StepProfiles {
 		r.StepProfiles[i].markdown(w)

@@ -50,6 +50,9 @@ func (r *Report) Figure(peers []Peer) (*svgplot.Figure, error) {
 		case "batch":
 			s := series(&batch, label(x))
 			s.X, s.Y = append(s.X, float64(x.Batch)), append(s.Y, x.TokPerSec)
+		case "batch-logits":
+			s := series(&batch, label(x)+", logits to the host")
+			s.X, s.Y = append(s.X, float64(x.Batch)), append(s.Y, x.TokPerSec)
 		}
 		for _, p := range peers {
 			if !p.Matches(x, r.Device, x.Threads) {

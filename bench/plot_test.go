@@ -51,23 +51,25 @@ func TestDepthsBatches(t *testing.T) {
 	defer e.Close()
 	clock := time.Unix(0, 0)
 	fake := func() time.Time { clock = clock.Add(time.Millisecond); return clock }
-	res, err := Run(context.Background(), p, e, Config{Gen: 4, Reps: 2, Threads: 2, Now: fake, Depths: []int{0, 40}, Batches: []int{1, 3}}, 1e10)
+	res, err := Run(context.Background(), p, e, Config{Gen: 4, Reps: 2, Threads: 2, Now: fake, Depths: []int{0, 40}, Batches: []int{1, 3}, BatchLogits: true}, 1e10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	type want struct {
-		test, series string
-		depth, batch int
-		rate         float64
+		test, series, returns string
+		depth, batch          int
+		rate                  float64
 	}
-	wants := []want{{"tg4", "", 0, 0, 4000}, {"tg4@d0", "depth", 0, 0, 4000}, {"tg4@d40", "depth", 40, 0, 4000}, {"tg4x1", "batch", 0, 1, 4000}, {"tg4x3", "batch", 0, 3, 12000}}
+	wants := []want{{"tg4", "", "", 0, 0, 4000}, {"tg4@d0", "depth", "", 0, 0, 4000}, {"tg4@d40", "depth", "", 40, 0, 4000},
+		{"tg4x1", "batch", "ids", 0, 1, 4000}, {"tg4x3", "batch", "ids", 0, 3, 12000},
+		{"tg4x1+logits", "batch-logits", "logits", 0, 1, 4000}, {"tg4x3+logits", "batch-logits", "logits", 0, 3, 12000}}
 	if len(res) != len(wants) {
 		t.Fatalf("%d results, want %d: %+v", len(res), len(wants), res)
 	}
 	for i, w := range wants {
 		r := res[i]
-		if r.Test != w.test || r.Series != w.series || r.Depth != w.depth || r.Batch != w.batch || r.Shape != "tiny_llama" {
-			t.Errorf("result %d: %s %q d%d x%d shape %q, want %+v", i, r.Test, r.Series, r.Depth, r.Batch, r.Shape, w)
+		if r.Test != w.test || r.Series != w.series || r.Returns != w.returns || r.Depth != w.depth || r.Batch != w.batch || r.Shape != "tiny_llama" {
+			t.Errorf("result %d: %s %q %q d%d x%d shape %q, want %+v", i, r.Test, r.Series, r.Returns, r.Depth, r.Batch, r.Shape, w)
 		}
 		if !slices.Equal(r.Samples, []float64{w.rate, w.rate}) || r.TokPerSec != w.rate {
 			t.Errorf("%s: samples %v, %v tok/s, want %v", r.Test, r.Samples, r.TokPerSec, w.rate)
@@ -77,6 +79,28 @@ func TestDepthsBatches(t *testing.T) {
 		if gb := float64(r.BytesPerTok) * steps / 1e9; math.Abs(r.GBPerSec-gb) > 1e-12*gb || math.Abs(r.BandwidthPct-100*gb*1e9/1e10) > 1e-9 {
 			t.Errorf("%s: %v GB/s (%v%%), want %v GB/s", r.Test, r.GBPerSec, r.BandwidthPct, gb)
 		}
+	}
+	// The table says what the batch rows bring back to the host.
+	var md strings.Builder
+	(&Report{Results: res}).Markdown(&md)
+	for _, l := range []string{"| tg4x3 |", "| tg4x3+logits |", "as a greedy server step runs it (engine.StepNext)", "every sequence's logits copied to the host (engine.Step)"} {
+		if !strings.Contains(md.String(), l) {
+			t.Errorf("the table lacks %q:\n%s", l, md.String())
+		}
+	}
+	// The figure draws both batch series.
+	f, err := (&Report{Results: res}).Figure(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, pn := range f.Panels {
+		for _, se := range pn.Series {
+			names = append(names, se.Name)
+		}
+	}
+	if !slices.Contains(names, "m.cmf (q4tp)") || !slices.Contains(names, "m.cmf (q4tp), logits to the host") {
+		t.Errorf("figure series %q", names)
 	}
 	// Real clock: every rate is positive and finite.
 	res, err = Run(context.Background(), p, e, Config{Gen: 3, Reps: 1, Threads: 2, Depths: []int{16}, Batches: []int{2}}, 0)

@@ -69,13 +69,21 @@ func depthTest(ctx context.Context, e *engine.Engine, s *engine.Session, base Re
 
 // batchTest decodes Gen tokens in each of n sequences together; the
 // sample is the aggregate rate, n·Gen tokens over the time of Gen steps.
-// Each sequence starts from its own one-token prompt (untimed).
-func batchTest(ctx context.Context, e *engine.Engine, base Result, cfg Config, n int, ids []int, now func() time.Time) (Result, error) {
+// Each sequence starts from its own one-token prompt (untimed). By default
+// a step runs as a greedy server step does (engine.StepNext with no
+// logits: on a GPU only the ids leave the device) and feeds each
+// sequence's greedy id back; with logits it runs engine.Step, every
+// sequence's logits copied to the host (what a step of sampling requests
+// costs before any sampling), on fixed tokens.
+func batchTest(ctx context.Context, e *engine.Engine, base Result, cfg Config, n int, ids []int, now func() time.Time, logits bool) (Result, error) {
 	if n < 1 {
 		return Result{}, fmt.Errorf("bench: batch %d < 1", n)
 	}
 	r := base
-	r.Test, r.Series, r.Batch = fmt.Sprintf("tg%dx%d", cfg.Gen, n), "batch", n
+	r.Test, r.Series, r.Batch, r.Returns = fmt.Sprintf("tg%dx%d", cfg.Gen, n), "batch", n, "ids"
+	if logits {
+		r.Test, r.Series, r.Returns = r.Test+"+logits", "batch-logits", "logits"
+	}
 	ss := make([]*engine.Session, n)
 	for i := range ss {
 		s, err := e.NewSession(cfg.Gen + 1)
@@ -86,11 +94,21 @@ func batchTest(ctx context.Context, e *engine.Engine, base Result, cfg Config, n
 		ss[i] = s
 	}
 	toks := make([][]int, n)
+	next := make([]int, n)
 	step := func(k int) error {
 		for j := range toks {
-			toks[j] = ids[j+k : j+k+1] // a different token per sequence
+			if k == 0 || logits {
+				toks[j] = ids[j+k : j+k+1] // a different token per sequence
+			} else {
+				toks[j] = next[j : j+1]
+			}
 		}
-		_, err := e.Step(ss, toks)
+		var err error
+		if logits {
+			_, err = e.Step(ss, toks)
+		} else {
+			_, err = e.StepNext(ss, toks, nil, next)
+		}
 		return err
 	}
 	for i := 0; i <= max(cfg.Reps, 1); i++ {

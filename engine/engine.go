@@ -393,6 +393,32 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenOptions) (*
 // the logits of each session's last new position (valid until that
 // session's next step). Sessions must be distinct and of this engine.
 func (e *Engine) Step(sessions []*Session, tokens [][]int) ([][]float32, error) {
+	caches, err := e.caches(sessions)
+	if err != nil {
+		return nil, err
+	}
+	logits, err := e.Model.ForwardMulti(caches, tokens)
+	e.track(sessions, tokens)
+	return logits, err
+}
+
+// StepNext is Step that also returns each session's greedy next token in
+// next[i] (argmax of its last logits, ties to the lowest id, as
+// sample.Greedy), and brings logits to the host only for the sessions with
+// want[i] (want nil: none; logits[i] is nil for the others). A step whose
+// sessions all decode greedily without log-probabilities passes nil: on a
+// GPU only the ids leave the device (model.ForwardMultiNext).
+func (e *Engine) StepNext(sessions []*Session, tokens [][]int, want []bool, next []int) ([][]float32, error) {
+	caches, err := e.caches(sessions)
+	if err != nil {
+		return nil, err
+	}
+	logits, err := e.Model.ForwardMultiNext(caches, tokens, want, next)
+	e.track(sessions, tokens)
+	return logits, err
+}
+
+func (e *Engine) caches(sessions []*Session) ([]*model.Cache, error) {
 	caches := make([]*model.Cache, len(sessions))
 	for i, s := range sessions {
 		if s.e != e {
@@ -400,8 +426,12 @@ func (e *Engine) Step(sessions []*Session, tokens [][]int) ([][]float32, error) 
 		}
 		caches[i] = s.cache
 	}
-	logits, err := e.Model.ForwardMulti(caches, tokens)
-	// Keep each session's ids equal to what its cache holds.
+	return caches, nil
+}
+
+// track keeps each session's ids equal to what its cache holds after a
+// step of tokens.
+func (e *Engine) track(sessions []*Session, tokens [][]int) {
 	for i, s := range sessions {
 		if n := s.cache.Len(); n == len(s.ids)+len(tokens[i]) {
 			s.ids = append(s.ids, tokens[i]...)
@@ -409,5 +439,4 @@ func (e *Engine) Step(sessions []*Session, tokens [][]int) ([][]float32, error) 
 			s.ids = s.ids[:min(n, len(s.ids))]
 		}
 	}
-	return logits, err
 }

@@ -276,39 +276,106 @@ func (m *Model) checkTokens(tokens []int) error {
 // to m; the caller bounds the rows of one step (they size the run state).
 // On error no cache has advanced.
 func (m *Model) ForwardMulti(caches []*Cache, tokens [][]int) ([][]float32, error) {
-	if len(caches) != len(tokens) {
-		return nil, fmt.Errorf("model: %d caches but %d token lists", len(caches), len(tokens))
-	}
-	b := backend.Batch{Seqs: make([]backend.Seq, len(caches)), Tokens: tokens, Logits: backend.LastLogits}
-	seen := make(map[*Cache]bool, len(caches))
-	for i, c := range caches {
-		if seen[c] {
-			return nil, fmt.Errorf("model: cache %d appears twice in one step", i)
-		}
-		seen[c] = true
-		if c.m != m {
-			return nil, fmt.Errorf("model: cache %d belongs to another model", i)
-		}
-		if len(tokens[i]) == 0 {
-			return nil, fmt.Errorf("model: sequence %d has no tokens", i)
-		}
-		if c.Len()+len(tokens[i]) > c.Cap() {
-			return nil, fmt.Errorf("model: sequence %d: %d tokens at position %d exceed the context of %d tokens", i, len(tokens[i]), c.Len(), c.Cap())
-		}
-		if err := m.checkTokens(tokens[i]); err != nil {
-			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
-		}
-		b.Seqs[i] = c.seq
-	}
-	V := m.cfg.vocab
-	b.Out = make([]float32, len(caches)*V)
-	if err := m.dev.Run(&b, m.step); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+	b, err := m.multiBatch(caches, tokens)
+	if err != nil {
+		return nil, err
 	}
 	out := make([][]float32, len(caches))
 	for i, c := range caches {
-		copy(c.logits, b.Out[i*V:(i+1)*V])
 		out[i] = c.logits
 	}
+	b.OutRows = out // each sequence's logits straight into its cache's buffer
+	if err := m.dev.Run(&b, m.step); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
 	return out, nil
+}
+
+// ForwardMultiNext runs ForwardMulti's step and writes each sequence's
+// greedy next token to next[i] (argmax of its last logits, ties to the
+// lowest id, as sample.Greedy). Logits come back only for the sequences
+// with want[i] (want nil: none): logits[i] is then caches[i]'s buffer, as
+// ForwardMulti's, and nil for the others. On a device that picks tokens
+// itself (backend.Argmaxer) only the ids and the wanted rows leave the
+// device; elsewhere every row's logits are reduced here. A failed step
+// advances no cache; a NaN logit found here (sample.Greedy's error, as
+// ForwardGreedy's) is reported after the step, the caches advanced.
+func (m *Model) ForwardMultiNext(caches []*Cache, tokens [][]int, want []bool, next []int) ([][]float32, error) {
+	if len(next) != len(caches) || (want != nil && len(want) != len(caches)) {
+		return nil, fmt.Errorf("model: %d caches, %d ids, %d logits flags", len(caches), len(next), len(want))
+	}
+	b, err := m.multiBatch(caches, tokens)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float32, len(caches))
+	if a, ok := m.dev.(backend.Argmaxer); ok && a.Argmaxes() {
+		ids := make([]int32, len(caches))
+		for i, w := range want {
+			if w {
+				b.LogitsOf = append(b.LogitsOf, i)
+				b.OutRows = append(b.OutRows, caches[i].logits)
+			}
+		}
+		b.Next = ids
+		if err := m.dev.Run(&b, m.step); err != nil {
+			return nil, fmt.Errorf("model: %w", err)
+		}
+		for i, id := range ids {
+			next[i] = int(id)
+		}
+		for _, i := range b.LogitsOf {
+			out[i] = caches[i].logits
+		}
+		return out, nil
+	}
+	// Every row's logits to its cache's buffer, reduced here.
+	b.OutRows = make([][]float32, len(caches))
+	for i, c := range caches {
+		b.OutRows[i] = c.logits
+	}
+	if err := m.dev.Run(&b, m.step); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	for i, c := range caches {
+		id, err := sample.Greedy(c.logits)
+		if err != nil {
+			// The caches have advanced; the step's ids are unusable.
+			return nil, fmt.Errorf("model: sequence %d: %w", i, err)
+		}
+		next[i] = int(id)
+		if want != nil && want[i] {
+			out[i] = c.logits
+		}
+	}
+	return out, nil
+}
+
+// multiBatch checks a multi-sequence step and builds its batch.
+func (m *Model) multiBatch(caches []*Cache, tokens [][]int) (backend.Batch, error) {
+	if len(caches) != len(tokens) {
+		return backend.Batch{}, fmt.Errorf("model: %d caches but %d token lists", len(caches), len(tokens))
+	}
+	b := backend.Batch{Seqs: make([]backend.Seq, len(caches)), Tokens: tokens, Logits: backend.LastLogits}
+	for i, c := range caches {
+		for _, d := range caches[:i] {
+			if d == c {
+				return backend.Batch{}, fmt.Errorf("model: cache %d appears twice in one step", i)
+			}
+		}
+		if c.m != m {
+			return backend.Batch{}, fmt.Errorf("model: cache %d belongs to another model", i)
+		}
+		if len(tokens[i]) == 0 {
+			return backend.Batch{}, fmt.Errorf("model: sequence %d has no tokens", i)
+		}
+		if c.Len()+len(tokens[i]) > c.Cap() {
+			return backend.Batch{}, fmt.Errorf("model: sequence %d: %d tokens at position %d exceed the context of %d tokens", i, len(tokens[i]), c.Len(), c.Cap())
+		}
+		if err := m.checkTokens(tokens[i]); err != nil {
+			return backend.Batch{}, fmt.Errorf("model: sequence %d: %w", i, err)
+		}
+		b.Seqs[i] = c.seq
+	}
+	return b, nil
 }

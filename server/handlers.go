@@ -363,7 +363,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 	for i := range jobs {
 		params := p.params
 		params.Seed += uint64(i)
-		j := &job{ctx: ctx, prompt: p.prompt, max: p.max, params: params, stops: p.stops, ignoreEOS: p.ignoreEOS, log: reqLog(r).With("choice", i)}
+		j := &job{ctx: ctx, prompt: p.prompt, max: p.max, params: params, stops: p.stops, ignoreEOS: p.ignoreEOS, log: reqLog(r).With("choice", i), id: w.Header().Get("X-Request-Id")}
 		if p.cons != nil {
 			j.cons = p.cons()
 		}

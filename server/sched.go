@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cortiq/cortiq/engine"
@@ -31,6 +34,7 @@ type job struct {
 	events    chan event // buffered for max+2 events: the scheduler never blocks
 	enqueued  time.Time
 	log       *slog.Logger // carries the request id
+	id        string       // the request id
 
 	sm      *sample.Sampler
 	stop    *sample.StopChecker
@@ -86,11 +90,13 @@ type schedConfig struct {
 	PrefillChunk int // prompt tokens per sequence per step
 	PrefillSeqs  int // prefilling sequences per step
 	stepDelay    time.Duration
+	onToken      func(id string, at time.Time) // Config.onToken
 }
 
-// scheduler runs continuous batching: every step is one engine.Step over
-// the decoding slots (one token each) plus prompt chunks of a few
-// prefilling slots; jobs join and leave at step boundaries.
+// scheduler runs continuous batching: every step is one batched engine
+// step (StepNext, or Step when every row samples: see step) over the
+// decoding slots (one token each) plus prompt chunks of a few prefilling
+// slots; jobs join and leave at step boundaries.
 type scheduler struct {
 	e     *engine.Engine
 	cfg   schedConfig
@@ -105,6 +111,15 @@ type scheduler struct {
 	wake chan struct{}
 	quit chan struct{}
 	done chan struct{}
+
+	// The loop's per-step buffers: which rows want logits, the ids (step);
+	// the rows to sample and what was drawn for each row (draw).
+	want       []bool
+	next       []int
+	todo       []int
+	drawn      []drawn
+	idSteps    atomic.Int64 // steps that ran the ids path (tests)
+	mixedSteps atomic.Int64 // of them, steps that also brought logits back
 }
 
 func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
@@ -179,7 +194,7 @@ func (s *scheduler) run() {
 			continue
 		}
 		t0 := time.Now()
-		logits, err := s.e.Step(seqs, toks)
+		logits, err := s.step(seqs, toks, rows)
 		dt := time.Since(t0)
 		if err != nil {
 			slog.Error("batched step failed", "err", err, "sequences", len(rows))
@@ -191,6 +206,7 @@ func (s *scheduler) run() {
 			continue
 		}
 		s.account(rows, toks, dt)
+		s.draw(rows, logits)
 		for i, sl := range rows {
 			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
 				// Hybrid prefill: snapshot the state at interval boundaries
@@ -204,7 +220,15 @@ func (s *scheduler) run() {
 			if len(sl.pending) > 0 {
 				continue // prompt not finished: no token yet
 			}
-			s.sampleNext(sl, logits[i])
+			if logits[i] == nil {
+				s.emitNext(sl, sample.Result{Token: int32(s.next[i])})
+				continue
+			}
+			if d := s.drawn[i]; d.err != nil {
+				s.finish(sl, "error", fmt.Errorf("server: sampling: %w", d.err))
+			} else {
+				s.emitNext(sl, d.r)
+			}
 		}
 		s.gauges()
 		if s.cfg.stepDelay > 0 {
@@ -337,18 +361,85 @@ func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
 	return seqs, toks, rows
 }
 
-// sampleNext draws a slot's next token from its logits, streams it, and
-// either queues it for the next step or ends the job.
-func (s *scheduler) sampleNext(sl *slot, logits []float32) {
-	j := sl.j
-	if j.cons != nil {
-		j.cons.mask(logits)
+// step runs one batched step. Rows whose token is the plain argmax of the
+// logits (greedy, no penalty, no log-probabilities, no constraint) and
+// rows still prefilling take the ids-only path (engine.StepNext: on a GPU
+// only their ids leave the device); the logits come to the host for the
+// other rows only. A step with no such row runs engine.Step. logits[i] is
+// nil where the id in s.next[i] is the row's token.
+func (s *scheduler) step(seqs []*engine.Session, toks [][]int, rows []*slot) ([][]float32, error) {
+	s.want, s.next = s.want[:0], s.next[:0]
+	ids, logits := false, false
+	for _, sl := range rows {
+		w := len(sl.pending) == 0 && !sl.j.greedy()
+		s.want, s.next = append(s.want, w), append(s.next, -1)
+		ids, logits = ids || !w, logits || w
 	}
-	r, err := j.sm.Sample(logits)
-	if err != nil {
-		s.finish(sl, "error", fmt.Errorf("server: sampling: %w", err))
+	if !ids {
+		return s.e.Step(seqs, toks)
+	}
+	s.idSteps.Add(1)
+	if logits {
+		s.mixedSteps.Add(1)
+	}
+	return s.e.StepNext(seqs, toks, s.want, s.next)
+}
+
+// drawn is a row's sampled token, or why there is none.
+type drawn struct {
+	r   sample.Result
+	err error
+}
+
+// greedy reports whether the job's every token is the argmax of the raw
+// logits, so that the device may pick it (sample.Params.PlainGreedy and no
+// constraint masking the logits).
+func (j *job) greedy() bool { return j.cons == nil && j.params.PlainGreedy() }
+
+// draw samples the next token of every row that has logits and no prompt
+// left (constraint mask, then the job's sampler) into s.drawn. Each row's
+// work is a pass or more over the vocabulary in Go (128k entries for
+// Llama 3), so rows are drawn in parallel, each job's sampler and
+// constraint touched by one goroutine: results do not depend on it.
+func (s *scheduler) draw(rows []*slot, logits [][]float32) {
+	s.drawn = slices.Grow(s.drawn[:0], len(rows))[:len(rows)]
+	clear(s.drawn)
+	s.todo = s.todo[:0]
+	for i, sl := range rows {
+		if len(sl.pending) == 0 && logits[i] != nil {
+			s.todo = append(s.todo, i)
+		}
+	}
+	one := func(i int) {
+		j := rows[i].j
+		if j.cons != nil {
+			j.cons.mask(logits[i])
+		}
+		s.drawn[i].r, s.drawn[i].err = j.sm.Sample(logits[i])
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(s.todo))
+	if workers <= 1 {
+		for _, i := range s.todo {
+			one(i)
+		}
 		return
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for k := next.Add(1) - 1; k < int64(len(s.todo)); k = next.Add(1) - 1 {
+				one(s.todo[k])
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// emitNext streams a slot's next token and either queues it for the next
+// step or ends the job.
+func (s *scheduler) emitNext(sl *slot, r sample.Result) {
+	j := sl.j
 	j.sm.Accept(r.Token)
 	if j.cons != nil {
 		j.cons.accept(int(r.Token))
@@ -361,6 +452,9 @@ func (s *scheduler) sampleNext(sl *slot, logits []float32) {
 		s.m.itl.Observe(now.Sub(j.lastTok).Seconds())
 	}
 	j.lastTok = now
+	if s.cfg.onToken != nil {
+		s.cfg.onToken(j.id, now)
+	}
 	j.gen++
 	s.m.completionTokens.Inc()
 	tok := int(r.Token)

@@ -1,6 +1,7 @@
 // Package server is cortiq's OpenAI-compatible HTTP API: chat and text
 // completions (streamed over SSE or not) on a continuous-batching scheduler
-// over engine.Step, with constrained JSON output, tool calls, Prometheus
+// over engine.StepNext / engine.Step (greedy rows get their ids from the
+// device, only sampling rows bring logits back), with constrained JSON output, tool calls, Prometheus
 // metrics and an embedded chat page.
 package server
 
@@ -36,6 +37,10 @@ type Config struct {
 
 	stepDelay time.Duration // tests: a pause after every step, to make streams long
 	forceText string        // tests: every reply is exactly this text (see forcedTokens)
+	// tests: called by the scheduler as each token goes to its stream,
+	// with the request's id (X-Request-Id); the load test times tokens
+	// with it where no chunk carries them (no logprobs, empty text).
+	onToken func(id string, at time.Time)
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -111,7 +116,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken}, s.m)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,9 @@ type completionOut struct {
 // the rest queued, prompts of different lengths so prefill chunks and
 // decode rows mix in one step) give exactly what engine.Generate gives for
 // each request alone. Streamed and whole requests alternate; every stream
-// is checked to be complete and to belong to its own request.
+// is checked to be complete and to belong to its own request. Every third
+// request asks for log-probabilities, so its rows need logits on the host
+// while the others' take the ids-only path in the same steps.
 func TestBatchingMatchesOneByOne(t *testing.T) {
 	s, ts := startServer(t, Config{Parallel: 16, Queue: 64, PrefillChunk: 7})
 	ref := openFixture(t)
@@ -67,7 +69,11 @@ func TestBatchingMatchesOneByOne(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		wg.Go(func() {
-			body := fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"temperature":0,"stream":%v}`, prompts[i], 6+i%5, i%2 == 1)
+			lp := ""
+			if i%3 == 2 {
+				lp = `,"logprobs":1`
+			}
+			body := fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"temperature":0,"stream":%v%s}`, prompts[i], 6+i%5, i%2 == 1, lp)
 			req, _ := http.NewRequest("POST", ts.URL+"/v1/completions", strings.NewReader(body))
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -127,6 +133,11 @@ func TestBatchingMatchesOneByOne(t *testing.T) {
 	// Batching happened: some step ran more than one sequence.
 	if n := histogramMax(t, s); n < 2 {
 		t.Fatalf("at most %v sequences per step", n)
+	}
+	// The greedy rows took the ids path, also in steps with logits rows.
+	sch := s.b.Load().sch
+	if ids, mixed := sch.idSteps.Load(), sch.mixedSteps.Load(); ids == 0 || mixed == 0 || mixed == ids {
+		t.Fatalf("%d steps on the ids path, %d of them mixed with logits rows", ids, mixed)
 	}
 }
 

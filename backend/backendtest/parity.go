@@ -11,14 +11,15 @@ package backendtest
 import (
 	"errors"
 	"fmt"
-	"github.com/cortiq/cortiq/sample"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/sample"
 )
 
 // Case is one parity case: an op with its options in one weight format.
@@ -385,6 +386,30 @@ func Serial(sched []Step) []Step {
 // (Batch.Next; the device must be a backend.Argmaxer). It returns the
 // logits of every step's sequences in order, or their ids.
 func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool) ([]float32, []int32, error) {
+	var mode func(int) bool // nil: logits only
+	if greedy {
+		mode = func(int) bool { return false }
+	}
+	return runLast(dev, c, sched, seed, mode, false)
+}
+
+// RunMixed runs sched like RunLast with greedy ids for every sequence of
+// every step, and also asks for the logits of the sequences for which
+// want(k) is true, k counting the sequences of all steps in order
+// (Batch.LogitsOf). It returns those logits, in order, and every id. The
+// logits go to one buffer per sequence (Batch.OutRows).
+func RunMixed(dev backend.Device, c Case, sched []Step, seed uint64, want func(k int) bool) ([]float32, []int32, error) {
+	return runLast(dev, c, sched, seed, want, true)
+}
+
+// RunLastRows is RunLast without greedy ids, each sequence's logits
+// written to a buffer of its own (Batch.OutRows) instead of one block.
+func RunLastRows(dev backend.Device, c Case, sched []Step, seed uint64) ([]float32, error) {
+	out, _, err := runLast(dev, c, sched, seed, nil, true)
+	return out, err
+}
+
+func runLast(dev backend.Device, c Case, sched []Step, seed uint64, want func(int) bool, rowsOut bool) ([]float32, []int32, error) {
 	n, err := build(dev, c, seed)
 	if err != nil {
 		return nil, nil, err
@@ -414,13 +439,28 @@ func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool)
 			}
 			b.Seqs, b.Tokens = append(b.Seqs, s), append(b.Tokens, toks)
 		}
-		if greedy {
+		if want != nil {
 			b.Next = make([]int32, len(b.Seqs))
+			for i := range b.Seqs {
+				if want(len(ids) + i) {
+					b.LogitsOf = append(b.LogitsOf, i)
+				}
+			}
+			b.Out = make([]float32, len(b.LogitsOf)*c.Vocab)
 		} else {
 			b.Out = make([]float32, len(b.Seqs)*c.Vocab)
 		}
+		if rowsOut {
+			for len(b.Out) > 0 {
+				b.OutRows, b.Out = append(b.OutRows, b.Out[:c.Vocab:c.Vocab]), b.Out[c.Vocab:]
+			}
+			b.Out = nil
+		}
 		if err := dev.Run(b, n.step); err != nil {
 			return nil, nil, fmt.Errorf("%s step %d: %w", c.Name, si, err)
+		}
+		for _, r := range b.OutRows {
+			out = append(out, r...)
 		}
 		out, ids = append(out, b.Out...), append(ids, b.Next...)
 	}
@@ -430,7 +470,10 @@ func RunLast(dev backend.Device, c Case, sched []Step, seed uint64, greedy bool)
 // CheckGreedy runs every case and schedule twice on fresh devices from
 // open: once for the last logits, once for the device's greedy ids
 // (Batch.Next), and fails unless each id is the argmax of its logits
-// (sample.Greedy: ties to the lowest id). Cases a device does not
+// (sample.Greedy: ties to the lowest id). It also runs the logits into
+// per-sequence rows (Batch.OutRows) and a mixed step (ids for every
+// sequence, logits for every other one: Batch.LogitsOf into OutRows),
+// which must give the same logits and ids. Cases a device does not
 // implement are skipped; it fails when none ran.
 func CheckGreedy(t *testing.T, open func() backend.Device) {
 	t.Helper()
@@ -461,6 +504,44 @@ func CheckGreedy(t *testing.T, open func() backend.Device) {
 				}
 				if id != want {
 					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the logits %d", k.Name, name, i, id, want)
+				}
+			}
+			rl, err := RunLastRows(a, k, s, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e := NMSE(rl, lg); len(rl) != len(lg) || e > 1e-10 {
+				t.Fatalf("%s/%s: logits to per-sequence rows (Batch.OutRows) differ from one block: %d vs %d, NMSE %.3g", k.Name, name, len(rl), len(lg), e)
+			}
+			// One step, both kinds of rows: every other sequence's
+			// logits come back beside every id (Batch.LogitsOf).
+			odd := func(k int) bool { return k%2 == 1 }
+			ml, mids, err := RunMixed(a, k, s, 5, odd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(mids, ids) {
+				t.Fatalf("%s/%s: ids with LogitsOf %v, without %v", k.Name, name, mids, ids)
+			}
+			var wantL []float32
+			for i := range ids {
+				if odd(i) {
+					wantL = append(wantL, lg[i*k.Vocab:(i+1)*k.Vocab]...)
+				}
+			}
+			if len(ml) != len(wantL) {
+				t.Fatalf("%s/%s: %d logits for LogitsOf, want %d", k.Name, name, len(ml), len(wantL))
+			}
+			if e := NMSE(ml, wantL); e > 1e-10 {
+				t.Fatalf("%s/%s: LogitsOf rows differ from the logits-only run: NMSE %.3g", k.Name, name, e)
+			}
+			for j := 0; j < len(ml)/k.Vocab; j++ {
+				want, err := sample.Greedy(ml[j*k.Vocab : (j+1)*k.Vocab])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if id := mids[2*j+1]; id != want {
+					t.Fatalf("%s/%s: row %d: device greedy id %d, argmax of the same step's logits %d", k.Name, name, 2*j+1, id, want)
 				}
 			}
 			ran++

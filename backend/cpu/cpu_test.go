@@ -1,6 +1,7 @@
 package cpu_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend"
@@ -107,5 +108,34 @@ func TestRunRejects(t *testing.T) {
 	}
 	if err := s.Truncate(1); err == nil {
 		t.Fatal("truncate past the length accepted")
+	}
+}
+
+// TestOutRows: the last logits written to one buffer per sequence
+// (Batch.OutRows) equal those written to one block, bit for bit, for every
+// case and schedule (one sequence: in place; several: through the run
+// state).
+func TestOutRows(t *testing.T) {
+	d := cpu.New(2)
+	defer d.Close()
+	ran := 0
+	for _, c := range backendtest.Cases() {
+		for name, s := range backendtest.Schedules() {
+			block, _, err := backendtest.RunLast(d, c, s, 3, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows, err := backendtest.RunLastRows(d, c, s, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(rows, block) {
+				t.Fatalf("%s/%s: logits to rows differ from one block (NMSE %.3g)", c.Name, name, backendtest.NMSE(rows, block))
+			}
+			ran++
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no case ran")
 	}
 }

@@ -32,6 +32,7 @@ type state struct {
 	ropeOf     rope      // the rope cos/sin were computed for
 	scores     [][]float32
 	attn       attnTask
+	logits     []float32 // (sequences, vocab): Batch.OutRows' rows before they are copied out
 }
 
 // grow returns buf resized to n, reallocated only when too small.
@@ -328,8 +329,25 @@ func (st *state) Head(w *backend.Head) {
 	case backend.LastLogits:
 		rows, n = st.last, len(st.last)
 	}
-	if len(b.Out) < n*V {
-		st.fail(fmt.Errorf("cpu: logits buffer of %d for %d rows of %d", len(b.Out), n, V))
+	out := b.Out
+	if b.OutRows != nil {
+		if rows == nil || len(b.OutRows) < n {
+			st.fail(fmt.Errorf("cpu: %d logits rows for %d sequences (LastLogits only)", len(b.OutRows), n))
+			return
+		}
+		for k, r := range b.OutRows[:n] {
+			if len(r) < V {
+				st.fail(fmt.Errorf("cpu: logits row %d of %d for a vocabulary of %d", k, len(r), V))
+				return
+			}
+		}
+		out = grow(&st.logits, n*V)
+		if n == 1 {
+			out = b.OutRows[0][:V] // written in place
+		}
+	}
+	if len(out) < n*V {
+		st.fail(fmt.Errorf("cpu: logits buffer of %d for %d rows of %d", len(out), n, V))
 		return
 	}
 	xb := grow(&st.xb, n*H)
@@ -341,5 +359,10 @@ func (st *state) Head(w *backend.Head) {
 		}
 	}
 	st.see(xb, n, H, w.W)
-	st.dev.pool.MatMul(head.Mat, xb, n, b.Out[:n*V])
+	st.dev.pool.MatMul(head.Mat, xb, n, out[:n*V])
+	if b.OutRows != nil && n > 1 {
+		for k, r := range b.OutRows[:n] {
+			copy(r[:V], out[k*V:(k+1)*V])
+		}
+	}
 }

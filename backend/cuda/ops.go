@@ -163,6 +163,8 @@ type state struct {
 	outN    int              // floats of them
 	next    driver.DevicePtr // the step's greedy ids (Batch.Next; set by Head)
 	nextN   int              // ids of them
+	rowsOf  driver.DevicePtr // with next: the logits rows Batch.LogitsOf copies from
+	vocab   int              // their width
 	mode    int
 	dynamic bool // the step used dynamic RoPE (never captured)
 	stale   bool // modeCheck: a buffer would have to grow (no replay)
@@ -354,7 +356,7 @@ func (st *state) begin(mode int) {
 	st.mode, st.err, st.dynamic, st.stale, st.dynOf = mode, nil, false, false, nil
 	st.actq = actqKey{}
 	st.outN, st.out, st.sig = 0, 0, st.sig[:0]
-	st.next, st.nextN = 0, 0
+	st.next, st.nextN, st.rowsOf, st.vocab = 0, 0, 0, 0
 }
 
 // Run runs step over b's rows on the GPU.
@@ -515,6 +517,9 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 			return err
 		}
 		copy(b.Next[:st.nextN], unsafe.Slice((*int32)(unsafe.Pointer(&r.stage()[0])), st.nextN))
+		if err := st.copyRows(); err != nil {
+			return err
+		}
 	}
 	if err := r.sync(); err != nil {
 		return err
@@ -1031,9 +1036,31 @@ func (st *state) Head(w *backend.Head) {
 	case greedy && (b.Logits != backend.LastLogits || len(b.Next) < n):
 		st.fail(fmt.Errorf("cuda: greedy ids for %d sequences need LastLogits and %d entries (have %d)", n, n, len(b.Next)))
 		return
-	case !greedy && len(b.Out) < n*V:
-		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), n, V))
+	}
+	want := n // rows of logits to the host
+	if greedy {
+		want = len(b.LogitsOf)
+	}
+	if b.OutRows != nil {
+		if b.Logits != backend.LastLogits || len(b.OutRows) < want {
+			st.fail(fmt.Errorf("cuda: %d logits rows for %d sequences (LastLogits only)", len(b.OutRows), want))
+			return
+		}
+		for k, r := range b.OutRows[:want] {
+			if len(r) < V {
+				st.fail(fmt.Errorf("cuda: logits row %d of %d for a vocabulary of %d", k, len(r), V))
+				return
+			}
+		}
+	} else if len(b.Out) < want*V {
+		st.fail(fmt.Errorf("cuda: logits buffer of %d for %d rows of %d", len(b.Out), want, V))
 		return
+	}
+	for k, i := range b.LogitsOf {
+		if !greedy || i < 0 || i >= n || (k > 0 && i <= b.LogitsOf[k-1]) {
+			st.fail(fmt.Errorf("cuda: LogitsOf %v: want ascending sequence indices below %d, with Next", b.LogitsOf, n))
+			return
+		}
 	}
 	x := st.buf("x", int64(M)*int64(H)*4)
 	src := x
@@ -1058,6 +1085,7 @@ func (st *state) Head(w *backend.Head) {
 		st.a().Ptr(logits).Int(V).Int(V).Ptr(next)
 		st.launch("argmax", driver.D1(n), driver.D1(1024), 0)
 		st.next, st.nextN = next, n
+		st.rowsOf, st.vocab = logits, V
 		return
 	}
 	st.out, st.outN = logits, n*V
@@ -1071,15 +1099,65 @@ func (d *Device) Argmaxes() bool { return true }
 // pieces that fit it, into b.Out; each piece is read on the host only
 // after its copy has completed, and the stage is reused only then.
 func (st *state) copyLogits() error {
+	if st.b.OutRows != nil {
+		// Head checked them: LastLogits, a row of vocab floats per sequence.
+		return st.copyOut(sink{rows: st.b.OutRows, V: st.outN / len(st.last)}, 0, st.outN, st.out)
+	}
 	if len(st.b.Out) < st.outN {
 		return fmt.Errorf("cuda: logits buffer of %d for %d logits", len(st.b.Out), st.outN)
 	}
-	out := st.b.Out[:st.outN]
+	return st.copyOut(sink{flat: st.b.Out}, 0, st.outN, st.out)
+}
+
+// copyRows brings the logits rows Batch.LogitsOf names (of a step that
+// picked greedy ids) into b.Out or b.OutRows, one copy per run of
+// consecutive rows.
+func (st *state) copyRows() error {
+	rows, V := st.b.LogitsOf, st.vocab
+	for k := 0; k < len(rows); {
+		e := k + 1
+		for e < len(rows) && rows[e] == rows[e-1]+1 {
+			e++
+		}
+		src := st.rowsOf.Add(4 * int64(rows[k]) * int64(V))
+		dst := sink{flat: st.b.Out, rows: st.b.OutRows, V: V}
+		if err := st.copyOut(dst, k*V, (e-k)*V, src); err != nil {
+			return err
+		}
+		k = e
+	}
+	return nil
+}
+
+// sink is where logits go on the host: one block (Batch.Out), or rows of
+// V floats (Batch.OutRows) seen as one block of consecutive rows.
+type sink struct {
+	flat []float32
+	rows [][]float32
+	V    int
+}
+
+// put copies x to the sink's floats from offset off on.
+func (s sink) put(off int, x []float32) {
+	if s.rows == nil {
+		copy(s.flat[off:off+len(x)], x)
+		return
+	}
+	for len(x) > 0 {
+		r, c := off/s.V, off%s.V
+		k := copy(s.rows[r][c:s.V], x)
+		x, off = x[k:], off+k
+	}
+}
+
+// copyOut copies n floats at src to dst's floats from off on, through the
+// pinned stage, in pieces that fit it.
+func (st *state) copyOut(dst sink, off, n int, src driver.DevicePtr) error {
 	sb := st.r.stage()
 	piece := len(sb) / 4
-	for off := 0; off < len(out); off += piece {
-		k := min(piece, len(out)-off)
-		if err := st.r.dtoh(0, st.out.Add(int64(4*off)), 4*k); err != nil {
+	for done := 0; done < n; done += piece {
+		k := min(piece, n-done)
+		if err := st.r.dtoh(0, src.Add(int64(4*done)), 4*k); err != nil {
 			return err
 		}
 		if err := st.r.sync(); err != nil {
@@ -1087,7 +1165,7 @@ func (st *state) copyLogits() error {
 		}
 		// The device and the host are little-endian: the stage's bytes
 		// are the floats (one copy, not a decode per element).
-		copy(out[off:off+k], unsafe.Slice((*float32)(unsafe.Pointer(&sb[0])), k))
+		dst.put(off+done, unsafe.Slice((*float32)(unsafe.Pointer(&sb[0])), k))
 	}
 	return nil
 }

@@ -21,7 +21,7 @@ func init() { commands = append(commands, newBench) }
 
 func newBench() *cobra.Command {
 	var p, n, r, threads int
-	var asJSON, md, noProbe, noVerify bool
+	var asJSON, md, noProbe, noVerify, batchLogits bool
 	var probeMB int
 	var device string
 	var path string
@@ -99,7 +99,7 @@ func newBench() *cobra.Command {
 					e.Close()
 					return err
 				}
-				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads, Depths: depths, Batches: batches}
+				cfg := bench.Config{Prompt: p, Gen: n, Reps: r, Threads: threads, Depths: depths, Batches: batches, BatchLogits: batchLogits}
 				bw := rep.ReadBandwidth
 				switch {
 				case noProbe:
@@ -173,7 +173,8 @@ func newBench() *cobra.Command {
 	c.Flags().BoolVar(&noProbe, "no-probe", false, "skip the memory bandwidth probe")
 	c.Flags().IntVar(&probeMB, "probe-mb", 512, "bandwidth probe buffer size in MiB (a device's own probe, where it has one: max(1 GiB, a decode step's weight bytes) unless given)")
 	c.Flags().IntSliceVar(&depths, "depths", nil, "also time tg at these context depths (prefill to each, then decode -n tokens), e.g. 0,512,2048")
-	c.Flags().IntSliceVar(&batches, "batches", nil, "also time aggregate tg of this many sequences decoded together, e.g. 1,2,4,8")
+	c.Flags().IntSliceVar(&batches, "batches", nil, "also time aggregate tg of this many sequences decoded together, e.g. 1,2,4,8 (greedy ids picked on the device, as a greedy server step)")
+	c.Flags().BoolVar(&batchLogits, "batch-logits", false, "with --batches, also time the same steps with every sequence's logits copied to the host (tgNxB+logits: what sampling requests cost)")
 	c.Flags().StringVar(&plotPath, "plot", "", "write an SVG figure (tok/s vs depth, vs batch, beside llama.cpp's quoted figures) to this file")
 	c.Flags().StringVar(&note, "note", "", "a line for the figure's caption and the JSON (say how loaded the machine was)")
 	c.Flags().StringVar(&replot, "replot", "", "measure nothing: draw --plot from the output of an earlier bench --json")
@@ -192,7 +193,7 @@ func deviceProbe(p backend.Prober, size int64) (float64, error) {
 }
 
 // benchFlags are bench's flags in the order commandLine spells them.
-var benchFlags = []string{"model", "p", "n", "r", "threads", "depths", "batches", "device", "probe-mb", "no-probe", "no-verify", "json", "md", "plot", "note"}
+var benchFlags = []string{"model", "p", "n", "r", "threads", "depths", "batches", "batch-logits", "device", "probe-mb", "no-probe", "no-verify", "json", "md", "plot", "note"}
 
 // commandLine spells the command as run: the flags set, in name order
 // (slices as the comma lists they were given in), then the arguments.
