@@ -103,6 +103,9 @@ func dnClose(t *testing.T, what string, got, want []float32, rel float64) {
 	for _, w := range want {
 		scale = max(scale, math.Abs(float64(w)))
 	}
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values from the device, %d in the reference", what, len(got), len(want))
+	}
 	at := -1
 	for i, w := range want {
 		if d := math.Abs(float64(got[i]) - float64(w)); d > worst || math.IsNaN(d) {
@@ -154,13 +157,13 @@ func TestGPUDeltaNet(t *testing.T) {
 					R := len(slots)
 					proj := r.vec(R*pw, 1)
 					k.Proj, k.Slot, k.Conv, k.Out = g.f32(proj), g.i32(slots), g.zeros(R*cd), g.zeros(R*vd)
-					seqs := 1
+					nseq := 1 // sequences in this step (seqs is the pool's slots)
 					for i := 1; i < R; i++ {
 						if slots[i] != slots[i-1] {
-							seqs++
+							nseq++
 						}
 					}
-					g.run(func(l *kern.Launcher) error { return l.DeltaNet(k, R, seqs) })
+					g.run(func(l *kern.Launcher) error { return l.DeltaNet(k, R, nseq) })
 					wantConv, wantOut := dnReference(k, proj, slots, pool2, convW, aLog, dtBias, normW)
 					dnClose(t, fmt.Sprintf("step %d: dn_conv", si), g.readF32(k.Conv, R*cd), wantConv, 1e-5)
 					dnClose(t, fmt.Sprintf("step %d: dn_rule output", si), g.readF32(k.Out, R*vd), wantOut, 1e-4)
