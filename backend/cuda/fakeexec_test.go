@@ -624,9 +624,10 @@ func (c *fakeCall) f32(i int) float32 {
 }
 
 // TestParitySuiteNumericOnFake runs the GPU parity suite (every case and
-// schedule) on the fake with the kernels' models and compares its logits
-// with the CPU backend's at TestGPUParity's tolerances, with graphs on
-// (replays re-run the recorded launches) and off.
+// schedule) on the fake with the kernels' models and Options.NoMMQ (the
+// bf16 GEMM's path) and compares its logits with the CPU backend's at
+// TestGPUParityBF16GEMM's tolerances, with graphs on (replays re-run the
+// recorded launches) and off.
 func TestParitySuiteNumericOnFake(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
@@ -635,7 +636,7 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMMQ: true})
 		for _, k := range backendtest.Cases() {
 			tol := 1e-9
 			switch k.DType {
@@ -669,7 +670,7 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 }
 
 // TestParitySuiteNumericOnFakeMMQ: the parity suite's quantized cases with
-// Options.MMQ (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
+// the default options (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
 // on and off, against the CPU; the int8 GEMM must actually have run. The
 // tolerance is 1e-5, 20× tighter than the bf16 GEMM's suite: the models
 // quantize the activations exactly as the CPU's int8 kernels do, so only
@@ -683,7 +684,7 @@ func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, MMQ: true})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
 		ran := 0
 		for _, k := range backendtest.Cases() {
 			if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
