@@ -2,6 +2,7 @@ package kern
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -429,5 +430,28 @@ func TestGemmQSmallTilesMatchSource(t *testing.T) {
 				t.Errorf("gemmq_%s%s: %d blocks at GemmQWideRows rows", fam, tl.Suffix, (GemmQWideRows+31)/32)
 			}
 		}
+	}
+}
+
+// The embedded build spills in no more functions than the two known ones
+// (mv_bf16_r4, mv_f16_r4: scripts/build-cuda's ptxas log names them): a
+// kernel change that makes a gemmq_* tile spill fails here, on the CPU.
+func TestBuildSpillsNoMore(t *testing.T) {
+	b, err := os.ReadFile("build/manifest.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Status   string `json:"status"`
+		Spilling *int   `json:"ptxas_functions_spilling"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Status != "built" {
+		t.Skip("manifest records no build")
+	}
+	if m.Spilling == nil || *m.Spilling > 2 {
+		t.Fatalf("ptxas reports %v spilling functions, at most 2 known (mv_bf16_r4, mv_f16_r4)", m.Spilling)
 	}
 }
