@@ -57,12 +57,8 @@ func (l *Launcher) run(cs []call, err error) error {
 	for _, k := range cs {
 		k.cfg.Stream, k.cfg.PDL = l.Stream, l.PDL
 		if k.cfg.Shared > 48<<10 {
-			f, err := l.M.Func(k.name)
-			if err != nil {
+			if err := l.M.OptIn(l.C, k.name, k.cfg.Shared); err != nil {
 				return err
-			}
-			if err := l.C.SetMaxDynamicShared(f, k.cfg.Shared); err != nil {
-				return fmt.Errorf("kern: %s: %w", k.name, err)
 			}
 		}
 		if err := l.M.Launch(l.C, k.name, k.cfg, k.args); err != nil {
