@@ -307,8 +307,8 @@ func TestLoadDecodeScaling(t *testing.T) {
 	opt := engine.Options{}
 	if os.Getenv("CORTIQ_LOAD_DEVICE") == "cuda" {
 		// The GPU path: the K/V pool sized for the 64 slots, graphs and PDL
-		// as cortiq serve opens it; CORTIQ_CUDA_MMQ=1 selects the int8 GEMM.
-		dev, err := cuda.Open(cuda.Options{Seqs: 64, Ctx: ctxLen, Graphs: true, PDL: true, MMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "1"})
+		// as cortiq serve opens it; CORTIQ_CUDA_MMQ=0 selects the bf16 GEMM.
+		dev, err := cuda.Open(cuda.Options{Seqs: 64, Ctx: ctxLen, Graphs: true, PDL: true, NoMMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "0"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -61,13 +61,14 @@ type Options struct {
 	// slot) (mv_moe_*) instead of grouping steps of more than 8 rows by
 	// expert (moe_sort + gemmq_moe_*): the parity tests compare both.
 	NoMoEGroups bool
-	// MMQ runs the steps of more than 8 rows (prefill chunks, batched
-	// decode) over q8_row, q8_2f and q4tp weights on the int8
-	// tensor-core GEMM (kern.GemmQ: activations quantized per block of 32
-	// as the matvecs and the CPU do) instead of the bf16 one. Off by
-	// default until measured on a GPU; tensors whose width is not whole
-	// blocks of 32 keep the bf16 GEMM.
-	MMQ bool
+	// NoMMQ runs the steps of more than 8 rows (prefill chunks, batched
+	// decode) over q8_row, q8_2f and q4tp weights on the bf16 tensor-core
+	// GEMM (kern.Gemm: bf16 activations, f32 accumulation) instead of the
+	// default int8 one (kern.GemmQ: activations quantized per block of 32
+	// as the matvecs and the CPU do, so its results equal the CPU's to
+	// float32 rounding). Tensors whose width is not whole blocks of 32
+	// always take the bf16 GEMM.
+	NoMMQ bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
@@ -216,7 +217,7 @@ func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
 	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * (spec.KVBytes(d.opt.Ctx) + spec.StateBytes())}
-	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ)
+	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, !d.opt.NoMMQ)
 	err := d.do(func(r runner) error {
 		free, _, err := r.memInfo()
 		p.Free = free

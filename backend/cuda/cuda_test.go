@@ -46,8 +46,13 @@ func TestOpenWithoutGPU(t *testing.T) {
 	}
 }
 
-// TestGPUParity runs the parity suite on the GPU against the CPU backend:
-// every op × format × attention variant × schedule.
+// TestGPUParity runs the parity suite on the GPU (default options: the
+// int8 GEMM for steps of more than 8 rows) against the CPU backend: every
+// op × format × attention variant × schedule. Quantized formats are held
+// to 1e-5: the int8 GEMM and the mq_* matvecs quantize activations per
+// block of 32 as the CPU's kernels do, so only float rounding is left
+// (TestGPUMMQParity logs the distances; the fake's models,
+// TestParitySuiteNumericOnFakeMMQ, are within 3e-7).
 func TestGPUParity(t *testing.T) {
 	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
 	c := cpu.New(2)
@@ -57,11 +62,27 @@ func TestGPUParity(t *testing.T) {
 		case quant.F32:
 			return 1e-10
 		case quant.Q8Row, quant.Q82F, quant.Q4TP:
-			// The CPU runs quantized formats on int8 activations; the GPU on
-			// float32 activations (bf16 in the GEMM). The kernels' exact
-			// models on the fake device (TestParitySuiteNumericOnFake) are
-			// already 1.1e-4 from the CPU here, so 1e-4 would fail correct
-			// kernels.
+			return 1e-5
+		}
+		return 1e-9
+	})
+}
+
+// TestGPUParityBF16GEMM: the parity suite with Options.NoMMQ (steps of
+// more than 8 rows over quantized weights on the bf16 tensor-core GEMM).
+// The CPU runs quantized formats on int8 activations; this path on bf16
+// ones. The kernels' exact models on the fake device
+// (TestParitySuiteNumericOnFake) are already 1.1e-4 from the CPU here, so
+// 1e-4 would fail correct kernels.
+func TestGPUParityBF16GEMM(t *testing.T) {
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoMMQ: true})
+	c := cpu.New(2)
+	defer c.Close()
+	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
+		switch k.DType {
+		case quant.F32:
+			return 1e-10
+		case quant.Q8Row, quant.Q82F, quant.Q4TP:
 			return 3e-4
 		}
 		return 1e-9
@@ -275,7 +296,7 @@ func TestGPUGreedyIDs(t *testing.T) {
 	})
 }
 
-// TestGPUMMQParity: with Options.MMQ (steps of more than 8 rows over
+// TestGPUMMQParity: by default (not Options.NoMMQ: steps of more than 8 rows over
 // q8_row, q8_2f and q4tp on the int8 tensor-core GEMM) every quantized
 // case × schedule gives the CPU backend's logits to rounding (NMSE 1e-5):
 // the int8 GEMM quantizes activations as the CPU does, so it models the
@@ -283,8 +304,8 @@ func TestGPUGreedyIDs(t *testing.T) {
 // (its distance to the CPU, up to ~9e-4 on MoE cases whose routing flips
 // on a near tie, is logged beside it; TestGPUParity judges that path).
 func TestGPUMMQParity(t *testing.T) {
-	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, MMQ: true})
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoMMQ: true})
 	c := cpu.New(2)
 	defer c.Close()
 	ran := 0

@@ -742,9 +742,10 @@ func (c *fakeCall) f32(i int) float32 {
 }
 
 // TestParitySuiteNumericOnFake runs the GPU parity suite (every case and
-// schedule) on the fake with the kernels' models and compares its logits
-// with the CPU backend's at TestGPUParity's tolerances, with graphs on
-// (replays re-run the recorded launches) and off.
+// schedule) on the fake with the kernels' models and Options.NoMMQ (the
+// bf16 GEMM's path) and compares its logits with the CPU backend's at
+// TestGPUParityBF16GEMM's tolerances, with graphs on (replays re-run the
+// recorded launches) and off.
 func TestParitySuiteNumericOnFake(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
@@ -757,7 +758,7 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMMQ: true})
 		for _, k := range backendtest.Cases() {
 			tol := 1e-9
 			switch k.DType {
@@ -802,7 +803,7 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 }
 
 // TestParitySuiteNumericOnFakeMMQ: the parity suite's quantized cases with
-// Options.MMQ (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
+// the default options (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
 // on and off, against the CPU; the int8 GEMM must actually have run. The
 // tolerance is 1e-5, 20× tighter than the bf16 GEMM's suite: the models
 // quantize the activations exactly as the CPU's int8 kernels do, so only
@@ -820,7 +821,7 @@ func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, MMQ: true})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
 		ran := 0
 		for _, k := range backendtest.Cases() {
 			if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
@@ -877,10 +878,10 @@ func TestMoEGroupedOnFake(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, MMQ: true})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
 		f2 := newFake(t, 4)
 		f2.numeric, f2.decoded = true, map[string][]float32{}
-		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true, MMQ: true})
+		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true})
 		grouped := 0
 		for _, k := range backendtest.Cases() {
 			if !strings.HasPrefix(k.Name, "moe/") {
@@ -935,7 +936,7 @@ func TestMoEGroupedOnFake(t *testing.T) {
 // unchanged (TestParitySuiteNumericOnFakeMMQ compares them with the CPU).
 func TestMMQSharesActQuant(t *testing.T) {
 	f := newFake(t, 4)
-	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, MMQ: true})
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64})
 	for _, k := range backendtest.Cases() {
 		if k.Name != "attention/q4tp" && k.Name != "mlp/q8_row" {
 			continue

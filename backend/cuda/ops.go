@@ -219,7 +219,7 @@ type devBuf struct {
 // scratchBytes bounds a step's scratch for maxRows rows of width at most
 // widest floats: the staged inputs; x, xb, xlast, qkv, att, gate|up, h,
 // xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
-// widest floats); the int8 GEMM's quants and scales (Options.MMQ: 1.125
+// widest floats); the int8 GEMM's quants and scales (unless Options.NoMMQ: 1.125
 // bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
 // widest + 2·heads floats, bounded by 2·widest); a Gated DeltaNet layer's
 // projections, conv output and rule output.
@@ -720,9 +720,9 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// Prefill over quantized weights: the tensor-core GEMM (bf16
 		// activations, exact int8 weights, f32 accumulation: within the
 		// formats' own error). Float weights keep the exact f32 matvec.
-		// With Options.MMQ: the int8 GEMM, on activations quantized into
-		// scratch first.
-		if st.d.opt.MMQ && kern.GemmQSupported(m.dt, m.p, m.cols) {
+		// By default (not Options.NoMMQ): the int8 GEMM, on activations
+		// quantized into scratch first.
+		if !st.d.opt.NoMMQ && kern.GemmQSupported(m.dt, m.p, m.cols) {
 			nq, ns := kern.GemmQScratch(m.cols, st.d.opt.MaxRows)
 			g := kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Quants: st.buf("xq", nq), Scales: st.buf("xqd", ns),
 				Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}
@@ -734,8 +734,13 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 				st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
 			}
 			g.Pack(st.a(), rows)
-			name, grid, block := kern.GemmQKernel(f, m.rows, rows)
-			st.launch(name, grid, block, 0)
+			name, gcfg, err := kern.GemmQLaunch(f, kern.GemmQSuffix(f, m.rows, rows), m.rows, rows)
+			if err != nil {
+				st.inGEMM = false
+				st.fail(fmt.Errorf("cuda: %w", err))
+				return
+			}
+			st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
 			st.inGEMM = false
 			st.actq = key
 			if y < x+driver.DevicePtr(4*int64(rows)*int64(ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(ldy)) {

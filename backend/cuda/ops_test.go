@@ -433,9 +433,10 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		rows, cols, ldy, T := c.int(1), c.int(2), c.int(6), c.int(7)
 		fam := strings.Split(name, "_")[1]
-		wantName, grid, block := kern.GemmQKernel(fam, rows, T)
+		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, rows, T), rows, T)
 		q, s := kern.GemmQScratch(cols, T)
-		errs := []error{want(name == wantName && g == grid && b == block && c.cfg.Shared == 0, "shape (want %s %v)", wantName, grid),
+		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
+			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
 			want(ldy >= rows && cols%32 == 0 && c.ptr(0)%16 == 0, "ld / alignment"),
 			f.span("W", c.ptr(0), weightBytes(fam, rows, cols)),
 			f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s), f.span("Y", c.ptr(5), rowsSpan(T, ldy, rows))}
@@ -725,7 +726,7 @@ func TestLaunchesMatchKernels(t *testing.T) {
 	}
 }
 
-// testLaunchesMatchKernels: with mmq (Options.MMQ) the 12-row prefill of
+// testLaunchesMatchKernels: with mmq (not Options.NoMMQ) the 12-row prefill of
 // quantized weights takes the int8 GEMM (gemmq_actq, then gemmq_<fam>*).
 func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16, quant.Q8Row, quant.Q82F, quant.Q4TP} {
@@ -737,7 +738,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 			t.Run(fmt.Sprintf("%s/nq%d_nkv%d/mmq%v", dt, sh.nq, sh.nkv, mmq), func(t *testing.T) {
 				f := newFake(t, 4)
 				spec := backend.SeqSpec{Layers: 1, Attention: []int{0}, KVHeads: sh.nkv, HeadDim: sh.hd}
-				d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 32, MMQ: mmq}, spec)
+				d := fakeDevice(t, f, Options{Seqs: 4, Ctx: 64, MaxRows: 32, NoMMQ: !mmq}, spec)
 				n := f.net(t, sh)
 				s := []*seq{{d: d, slot: 2, ctx: 64}, {d: d, slot: 0, ctx: 64}, {d: d, slot: 3, ctx: 40}}
 				steps := []struct {
@@ -767,7 +768,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					used += b.n
 				}
 				widest := max(sh.H, (sh.nq+2*sh.nkv)*sh.hd, 2*sh.I, sh.V)
-				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, d.opt.MMQ); used > plan {
+				if plan := scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, !d.opt.NoMMQ); used > plan {
 					t.Errorf("the steps' scratch is %d bytes, the plan's bound %d", used, plan)
 				}
 				names := map[string]bool{}
@@ -778,6 +779,9 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					}
 					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
 					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
+					if i := strings.LastIndex(name, "_s"); strings.HasPrefix(name, "gemmq_") && i > 0 {
+						name = name[:i] // the int8 GEMM's small-batch tiles (_s16h, ...)
+					}
 					names[name] = true
 				}
 				fam, _ := kernelFormat(dt)
@@ -797,7 +801,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					t.Errorf("the 12-row prefill of %s with MMQ did not take the int8 GEMM alone (launched: %v)", dt, names)
 				}
 				if !mmq && names["gemmq_actq"] {
-					t.Errorf("the int8 GEMM ran without Options.MMQ")
+					t.Errorf("the int8 GEMM ran with Options.NoMMQ")
 				}
 				if dt == quant.Q82F && !names["q82f_prescale"] {
 					t.Errorf("q8_2f ran without its prescale")

@@ -76,9 +76,9 @@ func TestDeviceFlagEnv(t *testing.T) {
 	}
 }
 
-// CORTIQ_CUDA_MMQ=1, and only 1, turns the int8 GEMM on.
+// The int8 GEMM is on unless CORTIQ_CUDA_MMQ=0.
 func TestMMQFromEnv(t *testing.T) {
-	for v, want := range map[string]bool{"": false, "0": false, "1": true, "yes": false} {
+	for v, want := range map[string]bool{"": true, "0": false, "1": true, "yes": true} {
 		t.Setenv("CORTIQ_CUDA_MMQ", v)
 		if got := mmqFromEnv(); got != want {
 			t.Errorf("CORTIQ_CUDA_MMQ=%q: MMQ %v, want %v", v, got, want)

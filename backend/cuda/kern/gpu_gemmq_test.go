@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -11,18 +12,13 @@ import (
 	"github.com/cortiq/cortiq/quant"
 )
 
-// gemmqTiles are gemmq.cu's tiles: kernel suffix, weight rows and tokens a block.
-var gemmqTiles = []struct {
-	suffix string
-	bn, bm int
-}{{"", 128, 128}, {"_t64", 128, 64}, {"_d64", 32, 64}}
-
 // TestGPUGemmQParity: the int8 tensor-core GEMM (gemmq_actq, then every
-// tile of gemmq_<fmt>: the one GemmQKernel picks through the launcher and
-// the other two launched directly on the same quants) for q8_row and q4tp,
-// rows 37/130/4096 × cols 96/1056/4096 (96: fewer groups than a _d64
-// stage; 1056: 33 groups, a partial stage for _t64 and _d64), T = 1, 9,
-// 16, 64, 100, 512, store and bias+accumulate, against float64 sums of
+// tile of gemmq_<fmt> (kern.GemmQTiles): the one GemmQKernel picks, then
+// each forced (the small-batch _s* tiles up to T = 100: several token
+// blocks where T > BM))
+// for q8_row and q4tp, rows 37/130/4096 × cols 96/1056/4096 (96: fewer
+// groups than a stage; 1056: 33 groups, a partial last stage), T = 1, 9,
+// 16, 33, 64, 100, 512, store and bias+accumulate, against float64 sums of
 // quant.Decode's weights × kern.ActQuant's activations, tolerance 1e-5 of
 // the sum of |terms| (TestGPUMatvecParity's). The quants and scales
 // gemmq_actq writes are checked against kern.ActQuant exactly (q4tp's in
@@ -78,7 +74,7 @@ func TestGPUGemmQParity(t *testing.T) {
 					ref[ti*rows+o], refMag[ti*rows+o] = sum, mag
 				}
 			}
-			for _, T := range []int{1, 9, 16, 64, 100, 512} {
+			for _, T := range []int{1, 9, 16, 33, 64, 100, 512} {
 				for _, epi := range []string{"store", "bias+accumulate"} {
 					var bp driver.DevicePtr
 					if epi != "store" {
@@ -86,20 +82,20 @@ func TestGPUGemmQParity(t *testing.T) {
 					}
 					gq := kern.GemmQ{W: dW, Rows: rows, Cols: cols, X: dx, Ldx: ldx, Quants: dq, Scales: dd, Bias: bp, Accumulate: epi != "store", Ldy: ldy}
 					picked, _, _ := kern.GemmQKernel(fam, rows, T)
-					for _, tile := range gemmqTiles {
-						name := "gemmq_" + fam + tile.suffix
+					for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmQTiles(fam)...) {
+						name := picked
+						if ti > 0 {
+							name = "gemmq_" + fam + tile.Suffix
+							if tile.Small() && tile.BM < T && T > 100 {
+								continue // the small tiles over several token blocks: up to T = 100 here
+							}
+						}
 						y0 := r.vec((maxT+1)*ldy, 1)
 						dy := g.f32(y0)
 						gq.Y = dy
-						if name == picked {
-							g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) })
-						} else {
-							g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) }) // the quants
-							g.write(dy, f32bytes(y0))
-							var a driver.Args
-							g.launch(name, driver.D2((rows+tile.bn-1)/tile.bn, (T+tile.bm-1)/tile.bm), driver.D1(256), 0, gq.Pack(&a, T))
-						}
-						if tile.suffix == "" && epi == "store" {
+						gq.ForceTile, gq.Tile = ti > 0, tile.Suffix
+						g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) })
+						if ti == 0 && epi == "store" {
 							checkActQuant(t, g, dq, dd, xe[:T], cols, dt == quant.Q4TP)
 						}
 						got := g.readF32(dy, (maxT+1)*ldy)
@@ -157,13 +153,14 @@ func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64
 // GemmQKernel picks, as the forward pass queues them) on the 8B model's
 // MLP and attention shapes (14336×4096, 4096×4096) at T = 16, 64 (batched
 // decode) and 512 (prefill), q4tp and q8_row, with CUDA events over 10
-// calls a sample; "base" is the default path at the same shape (T > 8:
-// the bf16 GEMM, kern.GemmKernel's tile) for a direct comparison, and
-// tile128 / tile_t64 / tile_d64 force each int8 tile (to set
-// GemmQKernel's thresholds from one run; "mmq" is the one it picks).
-// TFLOP/s counts 2·rows·cols·T a call. The bars: 64 streams of the
-// 8B q4tp model at ≥ 7,700 tok/s aggregate (T = 64) and pp512 near
-// llama.cpp's 10,650 tok/s.
+// calls a sample; "base" is the bf16 GEMM at the same shape (T > 8:
+// kern.GemmKernel's tile, the path with Options.NoMMQ) for a direct
+// comparison, and tile<suffix> forces each int8 tile of kern.GemmQTiles
+// (tile128 the 128 × 128 one; the small-batch _s* tiles where T fits
+// them, the 64-token ones also at T = 512), all in the same run so that their ratios set GemmQKernel's
+// choice ("mmq" is the one it picks). TFLOP/s counts 2·rows·cols·T a
+// call. The bars: 64 streams of the 8B q4tp model at ≥ 7,700
+// tok/s aggregate (T = 64) and pp512 near llama.cpp's 10,650 tok/s.
 func BenchmarkGPUGemmQ(b *testing.B) {
 	d, m := benchGPU(b)
 	const launches = 10
@@ -172,7 +169,14 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 			rows, cols := sh[0], sh[1]
 			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 			for _, T := range []int{16, 64, 512} {
-				for _, path := range []string{"mmq", "base", "tile128", "tile_t64", "tile_d64"} {
+				paths := []string{"mmq", "base"}
+				for _, tl := range kern.GemmQTiles(kernName[dt]) {
+					if tl.Small() && tl.BM < T && tl.BM < 64 {
+						continue // the 64-token small tiles also at T = 512
+					}
+					paths = append(paths, "tile"+map[bool]string{true: "128", false: tl.Suffix}[tl.Suffix == ""])
+				}
+				for _, path := range paths {
 					pick, _, _ := kern.GemmQKernel(kernName[dt], rows, T)
 					if path == "base" {
 						pick, _, _ = kern.GemmKernel(kernName[dt], rows, T)
@@ -187,16 +191,12 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							case "base":
 								return l.Gemm(dt, w, rows, cols, x, cols, y, rows, T, 0, false)
 							case "mmq":
-								return l.GemmQ(dt, g, T)
+							case "tile128":
+								g.ForceTile = true
+							default: // one tile forced: for the thresholds
+								g.ForceTile, g.Tile = true, strings.TrimPrefix(path, "tile")
 							}
-							// One tile forced (gemmq_actq, then that tile): for the thresholds.
-							var qa, ga driver.Args
-							if err := m.Launch(c, "gemmq_actq", kern.ActQuantLaunch(cols, T), g.PackQuant(&qa, dt)); err != nil {
-								return err
-							}
-							tile := gemmqTiles[map[string]int{"tile128": 0, "tile_t64": 1, "tile_d64": 2}[path]]
-							cfg := driver.Config{Grid: driver.D2((rows+tile.bn-1)/tile.bn, (T+tile.bm-1)/tile.bm), Block: driver.D1(256)}
-							return m.Launch(c, "gemmq_"+kernName[dt]+tile.suffix, cfg, g.Pack(&ga, T))
+							return l.GemmQ(dt, g, T)
 						}
 						err := d.Do(func(c *driver.Ctx) error {
 							var err error

@@ -159,8 +159,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
 			if f == "q8row" || f == "q4tp" {
-				// (W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate): gemmq.cu's three tiles
-				for _, tile := range []string{"", "_t64", "_d64"} {
+				// (W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate): gemmq.cu's tiles
+				for _, tile := range []string{"", "_t64", "_d64", "_s16", "_s16h", "_s32", "_s32h", "_s64", "_s64h"} {
 					want["gemmq_"+f+tile] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
 				}
 				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)

@@ -57,12 +57,8 @@ func (l *Launcher) run(cs []call, err error) error {
 	for _, k := range cs {
 		k.cfg.Stream, k.cfg.PDL = l.Stream, l.PDL
 		if k.cfg.Shared > 48<<10 {
-			f, err := l.M.Func(k.name)
-			if err != nil {
+			if err := l.M.OptIn(l.C, k.name, k.cfg.Shared); err != nil {
 				return err
-			}
-			if err := l.C.SetMaxDynamicShared(f, k.cfg.Shared); err != nil {
-				return fmt.Errorf("kern: %s: %w", k.name, err)
 			}
 		}
 		if err := l.M.Launch(l.C, k.name, k.cfg, k.args); err != nil {
@@ -303,21 +299,115 @@ func GemmQScratch(cols, T int) (quants, scales int64) {
 	return int64(T) * int64(cols), 4 * int64(T) * int64(cols/ActQuantBlock)
 }
 
-// GemmQKernel names the int8 GEMM kernel of family fam (q8row, q4tp) for
-// rows weight rows and T activation rows, with its launch shape
-// (gemmq.cu): T ≤ 64 takes gemmq_<fam>_d64 (32 weight rows × 64 tokens a
-// block: batched decode), else 128 × 128 (gemmq_<fam>) when that makes at
-// least GemmBlocksMin blocks, else 128 × 64 (gemmq_<fam>_t64); 256
-// threads, no dynamic shared memory.
-func GemmQKernel(fam string, rows, T int) (name string, grid, block driver.Dim3) {
-	gx := (rows + 127) / 128
-	switch {
-	case T <= 64:
-		return "gemmq_" + fam + "_d64", driver.D2((rows+31)/32, (T+63)/64), driver.D1(256)
-	case gx*((T+127)/128) >= GemmBlocksMin:
-		return "gemmq_" + fam, driver.D2(gx, (T+127)/128), driver.D1(256)
+// GemmQTile is one tile of gemmq.cu: BN weight rows × BM tokens a block;
+// for the small-batch tiles (gemmq_<fmt>_s*, the GEMMQ_SMALL lines) also
+// the warps along rows (WN) and along K (WK), the groups of 32 a stage
+// (KG) and the stages of the cp.async ring (NS; 0 for the register-staged
+// tiles "", "_t64", "_d64").
+type GemmQTile struct {
+	Suffix         string
+	BN, BM         int
+	WN, WK, KG, NS int
+}
+
+// Small reports whether t is a cp.async ring tile (dynamic shared memory).
+func (t GemmQTile) Small() bool { return t.NS > 0 }
+
+// Shared is the dynamic shared memory of t for family fam: NS stages of
+// BM activation rows of KG·32+16 bytes, BN weight rows of KG·WB+16 bytes
+// (WB = 32 for q8row, 16 for q4tp), BM·KG scales and, for q4tp, BN·KG rungs
+// and BN·8 code bytes (gemmq_small's layout).
+func (t GemmQTile) Shared(fam string) int {
+	if !t.Small() {
+		return 0
 	}
-	return "gemmq_" + fam + "_t64", driver.D2(gx, (T+63)/64), driver.D1(256)
+	wb, q4 := 32, fam == "q4tp"
+	if q4 {
+		wb = 16
+	}
+	stage := t.BM*(t.KG*32+16) + t.BN*(t.KG*wb+16) + t.BM*t.KG*4
+	if q4 {
+		stage += t.BN*t.KG*4 + t.BN*8
+	}
+	return t.NS * stage
+}
+
+var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 128, BM: 64}, {Suffix: "_d64", BN: 32, BM: 64}}
+
+// gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
+var gemmqSmall = map[string][]GemmQTile{
+	"q4tp": {
+		{"_s16", 64, 16, 1, 8, 8, 6}, {"_s16h", 32, 16, 1, 8, 8, 16}, {"_s32", 64, 32, 2, 4, 4, 9},
+		{"_s32h", 32, 32, 1, 8, 8, 12}, {"_s64", 64, 64, 4, 2, 4, 6}, {"_s64h", 32, 64, 2, 4, 8, 8},
+	},
+	"q8row": {
+		{"_s16", 64, 16, 1, 8, 8, 5}, {"_s16h", 32, 16, 1, 8, 8, 12}, {"_s32", 64, 32, 2, 4, 8, 4},
+		{"_s32h", 32, 32, 1, 8, 8, 10}, {"_s64", 64, 64, 4, 2, 4, 5}, {"_s64h", 32, 64, 2, 4, 8, 7},
+	},
+}
+
+// GemmQTiles lists every int8 GEMM tile of family fam (q8row, q4tp): the
+// register-staged ones, then the small-batch ones.
+func GemmQTiles(fam string) []GemmQTile {
+	return append(append([]GemmQTile(nil), gemmqBig...), gemmqSmall[fam]...)
+}
+
+func gemmqTile(fam, suffix string) (GemmQTile, bool) {
+	for _, t := range GemmQTiles(fam) {
+		if t.Suffix == suffix {
+			return t, true
+		}
+	}
+	return GemmQTile{}, false
+}
+
+// GemmQWideRows is the weight-row count above which the small-batch tiles
+// take 64 rows a block (two blocks an SM); outputs of at most this many
+// rows take the 32-row "h" tiles (at most 128 blocks: one wave at one an
+// SM, with the deeper rings that fit one an SM).
+const GemmQWideRows = 4096
+
+// GemmQSuffix is the tile of family fam GemmQKernel picks: T ≤ 64 (batched
+// decode) the small-batch tile of the fewest tokens ≥ T (16, 32, 64), 64
+// weight rows a block above GemmQWideRows, else 32 ("h"); larger T for
+// q8row 128 × 64 (_t64: on the H200 308 µs against the 128 × 128 tile's
+// 417 at 14336×4096, T = 512), for q4tp 128 × 128 when that makes at least
+// GemmBlocksMin blocks, else 128 × 64.
+func GemmQSuffix(fam string, rows, T int) string {
+	if T <= 64 {
+		bm := 16
+		for bm < T {
+			bm *= 2
+		}
+		s := fmt.Sprintf("_s%d", bm)
+		if rows <= GemmQWideRows {
+			s += "h"
+		}
+		return s
+	}
+	if fam != "q8row" && ((rows+127)/128)*((T+127)/128) >= GemmBlocksMin {
+		return ""
+	}
+	return "_t64"
+}
+
+// GemmQKernel names the int8 GEMM kernel of family fam (q8row, q4tp) that
+// GemmQSuffix picks for rows weight rows and T activation rows, with its
+// launch shape: grid (⌈rows/BN⌉, ⌈T/BM⌉), 256 threads.
+func GemmQKernel(fam string, rows, T int) (name string, grid, block driver.Dim3) {
+	name, cfg, _ := GemmQLaunch(fam, GemmQSuffix(fam, rows, T), rows, T)
+	return name, cfg.Grid, cfg.Block
+}
+
+// GemmQLaunch is the launch of tile suffix of family fam over rows weight
+// rows and T tokens, with the tile's dynamic shared memory.
+func GemmQLaunch(fam, suffix string, rows, T int) (string, driver.Config, error) {
+	t, ok := gemmqTile(fam, suffix)
+	if !ok {
+		return "", driver.Config{}, fmt.Errorf("kern: no int8 gemm tile gemmq_%s%s", fam, suffix)
+	}
+	return "gemmq_" + fam + suffix, driver.Config{Grid: driver.D2((rows+t.BN-1)/t.BN, (T+t.BM-1)/t.BM),
+		Block: driver.D1(256), Shared: t.Shared(fam)}, nil
 }
 
 // ActQuantLaunch is the launch of gemmq_actq over T rows of cols columns.
@@ -338,6 +428,11 @@ type GemmQ struct {
 	Ldy            int
 	Bias           Ptr
 	Accumulate     bool
+	// ForceTile runs the tile of suffix Tile ("" the 128 × 128 one, "_t64",
+	// "_s16h", ...; GemmQTiles) instead of GemmQSuffix's choice (benchmarks
+	// and tests compare the tiles).
+	ForceTile bool
+	Tile      string
 }
 
 // PackQuant packs into a gemmq_actq's parameters for g over format d.
@@ -363,8 +458,15 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	}
 	qa, ga := g.PackQuant(new(driver.Args), d), g.Pack(new(driver.Args), T)
 	cfg := ActQuantLaunch(g.Cols, T)
-	name, grid, block := GemmQKernel(fam, g.Rows, T)
-	return append([]call{{"gemmq_actq", cfg, qa}}, one(name, grid, block, 0, ga)...), nil
+	suffix := GemmQSuffix(fam, g.Rows, T)
+	if g.ForceTile {
+		suffix = g.Tile
+	}
+	name, gcfg, err := GemmQLaunch(fam, suffix, g.Rows, T)
+	if err != nil {
+		return nil, err
+	}
+	return []call{{"gemmq_actq", cfg, qa}, {name, gcfg, ga}}, nil
 }
 
 // ActQuant queues gemmq_actq: T rows of X (ldx apart, cols % 32 == 0)

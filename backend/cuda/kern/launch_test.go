@@ -34,9 +34,16 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		add(gemmCalls(d, 0x1000, 14336, 4096, 0x2000, 4096, 0x3000, 14336, 512, 0, false)) // 128-token tile
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
 		if quantizedActs(d) {
-			for _, T := range []int{9, 64, 100, 512} { // the int8 GEMM's three tiles
-				add(GemmQ{W: 0x1000, Rows: 14336, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
-					Y: 0x5000, Ldy: 14336, Bias: 0x6000}.Calls(d, T))
+			fam, _ := mvFamily(d)
+			for _, T := range []int{9, 32, 64, 100, 512} { // the int8 GEMM's picks, then every tile forced
+				for _, rows := range []int{14336, 4096} {
+					add(GemmQ{W: 0x1000, Rows: rows, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
+						Y: 0x5000, Ldy: 14336, Bias: 0x6000}.Calls(d, T))
+				}
+			}
+			for _, tl := range GemmQTiles(fam) {
+				add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
+					Y: 0x5000, Ldy: 130, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
 			}
 		}
 	}
@@ -191,31 +198,40 @@ func TestGemmKernelTiles(t *testing.T) {
 	}
 }
 
-// GemmQKernel's tiles cover every weight row and token: 32 × 64 for
-// T ≤ 64, else 128 × 128 exactly when that makes GemmBlocksMin blocks,
-// else 128 × 64.
+// GemmQKernel's tiles cover every weight row and token: for T ≤ 64 the
+// small-batch tile of the fewest tokens ≥ T (64 weight rows a block above
+// GemmQWideRows, else 32, with its ring's shared memory), else 128 × 128
+// exactly when that makes GemmBlocksMin blocks, else 128 × 64.
 func TestGemmQKernelTiles(t *testing.T) {
 	for _, c := range []struct {
 		rows, T int
 		name    string
 	}{
-		{37, 1, "gemmq_q4tp_d64"}, {4096, 16, "gemmq_q4tp_d64"}, {14336, 64, "gemmq_q4tp_d64"}, {130, 65, "gemmq_q4tp_t64"},
-		{4096, 512, "gemmq_q4tp_t64"}, {14336, 512, "gemmq_q4tp"}, {4096, 1024, "gemmq_q4tp"},
+		{37, 1, "gemmq_q4tp_s16h"}, {4096, 16, "gemmq_q4tp_s16h"}, {14336, 16, "gemmq_q4tp_s16"}, {14336, 17, "gemmq_q4tp_s32"},
+		{4096, 32, "gemmq_q4tp_s32h"}, {14336, 64, "gemmq_q4tp_s64"}, {4096, 64, "gemmq_q4tp_s64h"}, {4097, 33, "gemmq_q4tp_s64"},
+		{6144, 64, "gemmq_q4tp_s64"}, {1024, 64, "gemmq_q4tp_s64h"},
+		{130, 65, "gemmq_q4tp_t64"}, {4096, 512, "gemmq_q4tp_t64"}, {14336, 512, "gemmq_q4tp"}, {4096, 1024, "gemmq_q4tp"},
 	} {
 		name, grid, block := GemmQKernel("q4tp", c.rows, c.T)
-		bn, bm := 128, 128
-		switch {
-		case strings.HasSuffix(name, "_d64"):
-			bn, bm = 32, 64
-		case strings.HasSuffix(name, "_t64"):
-			bm = 64
-		}
-		if name != c.name || block.X != 256 || block.Y != 1 || grid.Z != 1 {
+		tl, ok := gemmqTile("q4tp", strings.TrimPrefix(name, "gemmq_q4tp"))
+		if name != c.name || !ok || block.X != 256 || block.Y != 1 || grid.Z != 1 {
 			t.Errorf("%d×T%d: %s block %v, want %s, 256", c.rows, c.T, name, block, c.name)
+			continue
 		}
+		bn, bm := tl.BN, tl.BM
 		if int(grid.X)*bn < c.rows || int(grid.X-1)*bn >= c.rows || int(grid.Y)*bm < c.T || int(grid.Y-1)*bm >= c.T {
 			t.Errorf("%d×T%d: grid %v does not tile %d×%d blocks", c.rows, c.T, grid, bn, bm)
 		}
+		_, cfg, err := GemmQLaunch("q4tp", tl.Suffix, c.rows, c.T)
+		if err != nil || cfg.Shared != tl.Shared("q4tp") || (cfg.Shared > 0) != strings.Contains(name, "_s") {
+			t.Errorf("%s: shared %d (%v)", name, cfg.Shared, err)
+		}
+	}
+	if name, _, _ := GemmQKernel("q8row", 14336, 512); name != "gemmq_q8row_t64" {
+		t.Errorf("q8row 14336×T512: %s, want gemmq_q8row_t64", name)
+	}
+	if _, _, err := GemmQLaunch("q4tp", "_s8", 64, 8); err == nil {
+		t.Error("an unknown tile launched")
 	}
 }
 

@@ -3,6 +3,7 @@ package kern
 import (
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 )
@@ -18,6 +19,33 @@ type Module struct {
 	SMs   int
 	mod   driver.Module
 	funcs map[string]driver.Func
+	// optin: the dynamic shared memory each kernel was let use beyond 48 KB
+	// (cuFuncSetAttribute once per kernel and size, not per launch).
+	mu    sync.Mutex
+	optin map[string]int
+}
+
+// OptIn lets kernel name launch with n bytes of dynamic shared memory
+// (needed beyond 48 KB); it calls the driver only when n exceeds what the
+// kernel was already let use.
+func (m *Module) OptIn(c *driver.Ctx, name string, n int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.optin[name] >= n {
+		return nil
+	}
+	f, err := m.Func(name)
+	if err != nil {
+		return err
+	}
+	if err := c.SetMaxDynamicShared(f, n); err != nil {
+		return fmt.Errorf("kern: %s: %w", name, err)
+	}
+	if m.optin == nil {
+		m.optin = map[string]int{}
+	}
+	m.optin[name] = n
+	return nil
 }
 
 // Load loads the embedded kernels into c's context: the cubin on a device

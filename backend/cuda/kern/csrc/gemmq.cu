@@ -1,5 +1,5 @@
-// Quantized-activation GEMM on int8 tensor cores ("MMQ"), opt-in
-// (Options.MMQ): Y[t][o] (=|+=) Σ_g s[o][g]·d[t][g]·Σ_{k∈g} wq[o,k]·xq[t,k]
+// Quantized-activation GEMM on int8 tensor cores ("MMQ"), the CUDA
+// device's default for steps of more than 8 rows (off: Options.NoMMQ): Y[t][o] (=|+=) Σ_g s[o][g]·d[t][g]·Σ_{k∈g} wq[o,k]·xq[t,k]
 // (+ bias[o]) for q8_row (s = the row scale, applied in the epilogue) and
 // q4tp (s = the group's rung, wq = nibble − 8), with xq/d the int8
 // activations of kern.ActQuant (blocks of 32: the CPU's rule, the same the
@@ -14,7 +14,9 @@
 // partial is converted and scaled (float acc += c·s·d) before the next
 // group, since s and d change every 32 k.
 //
-// Tiles (256 threads = 8 warps, WM along tokens × 8/WM along weight rows):
+// Register-staged tiles (256 threads = 8 warps, WM along tokens × 8/WM
+// along weight rows; T > 64, and kept for comparison; the cp.async
+// small-batch tiles gemmq_<fmt>_s* for T ≤ 64 follow below):
 //   gemmq_<fmt>       128 weight rows × 128 tokens, 1 group a stage
 //   gemmq_<fmt>_t64   128 weight rows × 64 tokens, 2 groups a stage
 //   gemmq_<fmt>_d64   32 weight rows × 64 tokens, 4 groups a stage (T ≤ 64:
@@ -305,3 +307,285 @@ __device__ __forceinline__ void gemmq_body(const uint8_t* __restrict__ W, int ro
 
 GEMMQ_KERNELS(q8row, GemmQQ8, 1, 2, 2)
 GEMMQ_KERNELS(q4tp, GemmQQ4TP, 1, 1, 2)
+
+// ---------------------------------------------------------------------------
+// Small-batch tiles gemmq_<fmt>_s<BM>[h] (batched decode, T ≤ 64; BM = 16,
+// 32 or 64 tokens a block, BN = 64 weight rows, two blocks an SM, or 32
+// with the suffix h for outputs of at most 4096 rows: at most 128 blocks,
+// one an SM, so their rings are deeper, 160–203 KB, to keep as many weight
+// bytes in flight with half the blocks): weights stream through an NS-stage
+// cp.async ring in shared memory as stored (q8_row's int8, q4tp's raw
+// nibble words and its 5-bit codes), no register staging; the int8
+// activations and their scales ride the same ring. A stage is KG groups.
+// The 8 warps split the block WN ways along weight rows and WK ways along
+// K: warp (wn, wk) takes groups wk, wk+WK, ... of every stage for all BM
+// tokens and TN = BN/WN rows, so each weight byte is read from shared once.
+// q4tp's B fragments are expanded from the raw words in registers: with
+// gemmq_actq's order a thread (g = lane/4, q = lane%4) needs words q>>1
+// and 2+(q>>1) of row g's group, low nibbles for even q, high ones for odd
+// (byte-wise n − 8 as ((n + 0x78) ^ 0x80), exact for n in 0..15). Its rungs
+// are computed once per (row, group) a stage ahead from the codes in the
+// ring (one phase after their stage has landed), so q4tp waits for two
+// stages (cp.async.wait_group NS−3) where q8_row waits for one (NS−2).
+// Rounding: each warp accumulates its groups in increasing order exactly
+// as the other tiles (acc += f(c)·(d·rung)); the WK partial sums are then
+// added in the fixed order wk = 0, 1, ... in shared memory, scaled (q8_row)
+// and stored with bias/accumulate: bit-reproducible, and within float32
+// rounding of the single-accumulator order (TestGemmQSmallEmulation bounds
+// the NMSE against it). Launch: grid (⌈rows/BN⌉, ⌈T/BM⌉), block 256,
+// dynamic shared memory NS·stage bytes (kern.GemmQSmallTiles), the same
+// parameters as the other tiles.
+
+__device__ __forceinline__ void gq_cp16(void* dst, const void* src, bool pred) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void gq_cp4(void* dst, const void* src, bool pred) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void gq_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gq_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Formats of the small tiles: kWB weight bytes a row and group, where a
+// row's weights start, and whether groups carry rungs.
+struct GQSQ8 {
+  static constexpr int kWB = 32;
+  static constexpr bool kRung = false;
+  __device__ static const uint8_t* row(const uint8_t* W, int, int cols, int o) { return W + (size_t)o * cols; }
+  // b0, b1 of the m16n8k32 B fragment: bytes 4q.. and 16+4q.. of the group.
+  __device__ static void frag(const uint8_t* grp, int q, uint32_t& b0, uint32_t& b1) {
+    b0 = *reinterpret_cast<const uint32_t*>(grp + 4 * q);
+    b1 = *reinterpret_cast<const uint32_t*>(grp + 16 + 4 * q);
+  }
+  __device__ static float scale(const uint8_t* W, int rows, int cols, int o) {
+    return f16_to_f32(ld_u16(W + (size_t)rows * cols + 2 * (size_t)o));
+  }
+};
+
+struct GQSQ4 {
+  static constexpr int kWB = 16;
+  static constexpr bool kRung = true;
+  __device__ static const uint8_t* row(const uint8_t* W, int, int cols, int o) { return W + (size_t)o * (cols / 32) * 16; }
+  __device__ static uint32_t nib(uint32_t x) { return ((x & 0x0F0F0F0Fu) + 0x78787878u) ^ 0x80808080u; }
+  __device__ static void frag(const uint8_t* grp, int q, uint32_t& b0, uint32_t& b1) {
+    const int sh = 4 * (q & 1);
+    b0 = nib(*reinterpret_cast<const uint32_t*>(grp + 4 * (q >> 1)) >> sh);
+    b1 = nib(*reinterpret_cast<const uint32_t*>(grp + 8 + 4 * (q >> 1)) >> sh);
+  }
+  __device__ static float scale(const uint8_t*, int, int, int) { return 1.0f; }
+};
+
+template <class F, int BM, int BN, int WN, int WK, int KG, int NS>
+__device__ __forceinline__ void gemmq_small(const uint8_t* __restrict__ W, int rows, int cols,
+                                            const int8_t* __restrict__ XQ, const float* __restrict__ D,
+                                            float* __restrict__ Y, int ldy, int T, const float* __restrict__ bias,
+                                            int accumulate) {
+  constexpr int FT = BM / 16, TN = BN / WN, FN = TN / 8;
+  static_assert(WN * WK == 8 && TN % 8 == 0 && KG % WK == 0 && BM % 16 == 0, "warp tile");
+  static_assert(!F::kRung || KG <= 6 || KG == 8, "q4tp's code window: 5·KG bits from a byte offset < 8 in 64 bits");
+  static_assert(NS >= 3, "ring");
+  constexpr int LDA = KG * 32 + 16, LDB = KG * F::kWB + 16;  // shared row bytes (ldmatrix / LDS conflict-free)
+  constexpr int OFF_B = BM * LDA, OFF_D = OFF_B + BN * LDB, OFF_R = OFF_D + BM * KG * 4;
+  constexpr int OFF_C = OFF_R + (F::kRung ? BN * KG * 4 : 0);  // q4tp: 8 code bytes a row
+  constexpr int STAGE = OFF_C + (F::kRung ? BN * 8 : 0);
+  constexpr int LDR = BN + 4;  // reduction row floats
+  static_assert(STAGE % 16 == 0 && WK * BM * LDR * 4 <= NS * STAGE, "stage layout");
+  extern __shared__ __align__(16) uint8_t gq_dsm[];
+  uint8_t* const sm = gq_dsm;
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int o0 = blockIdx.x * BN, t0 = blockIdx.y * BM;
+  const int wn = (warp % WN) * TN, wk = warp / WN;
+  const int nb = cols / 32, nk = (nb + KG - 1) / KG;
+  const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
+  const size_t coff = (size_t)rows * gpr * 16 + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
+
+  // Producers: 16-byte chunks of weights and activations, 4-byte scales
+  // and (q4tp) the two aligned code words around a stage's first code.
+  auto issueW = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+    constexpr int CW = KG * F::kWB / 16;  // chunks a row
+#pragma unroll
+    for (int u = tid; u < BN * CW; u += GQ_THREADS) {
+      const int r = u / CW, c = u % CW, g = s * KG + c * 16 / F::kWB;
+      const uint8_t* src = F::row(W, rows, cols, min(o0 + r, rows - 1)) + (size_t)s * KG * F::kWB + c * 16;
+      gq_cp16(st + OFF_B + r * LDB + c * 16, g < nb ? src : W, g < nb);
+    }
+    if (F::kRung) {
+      for (int u = tid; u < BN * 2; u += GQ_THREADS) {
+        const int r = u >> 1;
+        const size_t p = coff + (size_t)min(o0 + r, rows - 1) * cbytes + (size_t)(5 * KG * s) / 8;
+        const size_t a = (p & ~(size_t)3) + 4 * (u & 1);
+        uint8_t* dst = st + OFF_C + r * 8 + 4 * (u & 1);
+        if (a + 4 <= wend) {
+          gq_cp4(dst, W + a, true);
+        } else {  // the tensor's last, partial word (or none): its bytes, zeros past the end, never read past it
+          uint32_t v = 0;
+          for (int e = 0; e < 4; e++)
+            if (a + e < wend) v |= (uint32_t)W[a + e] << (8 * e);
+          *reinterpret_cast<uint32_t*>(dst) = v;
+        }
+      }
+    }
+  };
+  auto issueX = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+#pragma unroll
+    for (int u = tid; u < BM * KG * 2; u += GQ_THREADS) {
+      const int r = u / (2 * KG), c = u % (2 * KG), g = s * KG + c / 2;
+      const int8_t* src = XQ + (size_t)min(t0 + r, T - 1) * cols + (size_t)s * KG * 32 + c * 16;
+      gq_cp16(st + r * LDA + c * 16, g < nb ? src : XQ, g < nb);
+    }
+#pragma unroll
+    for (int u = tid; u < BM * KG; u += GQ_THREADS) {
+      const int r = u / KG, kg = u % KG, g = s * KG + kg;
+      const float* src = D + (size_t)min(t0 + r, T - 1) * nb + g;
+      gq_cp4(st + OFF_D + (kg * BM + r) * 4, g < nb ? src : D, g < nb);
+    }
+  };
+  // q4tp: the rows' ladders (a | b << 16), read once (visible to rungs(0)
+  // after the prologue's barrier).
+  __shared__ uint32_t ladder[F::kRung ? BN : 1];
+  if (F::kRung && tid < BN) {
+    const size_t po = (size_t)rows * gpr * 16 + 4 * (size_t)min(o0 + tid, rows - 1);
+    ladder[tid] = (uint32_t)ld_u16(W + po) | ((uint32_t)ld_u16(W + po + 2) << 16);
+  }
+  // q4tp: the rungs of stage s from its codes (landed and visible).
+  auto rungs = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+#pragma unroll 1
+    for (int u = tid; u < BN * KG; u += GQ_THREADS) {
+      const int r = u / KG, kg = u % KG, g = s * KG + kg, o = min(o0 + r, rows - 1);
+      const size_t p = coff + (size_t)o * cbytes + (size_t)(5 * KG * s) / 8;
+      const uint2 cw = *reinterpret_cast<const uint2*>(st + OFF_C + r * 8);
+      const uint64_t win = (uint64_t)cw.x | ((uint64_t)cw.y << 32);
+      const int code = (int)((win >> ((p & 3) * 8 + (5 * KG * s) % 8 + 5 * kg)) & 31u);
+      const uint32_t ab = ladder[r];
+      reinterpret_cast<float*>(st + OFF_R)[kg * BN + r] =
+          g < nb ? q4tp_rung((uint16_t)ab, (uint16_t)(ab >> 16), code) : 0.0f;
+    }
+  };
+
+  float acc[FT][FN][4];
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < FN; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
+  const int arow = (lane & 15) * LDA + (lane >> 4) * 16;
+  const int g4 = lane >> 2, q4 = lane & 3;
+  const int brow = (wn + g4) * LDB;
+
+  // Prologue: stages 0..NS−2 in flight (group 0 also holds every weight
+  // copy issued before the previous kernel finished).
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++)
+    if (s < nk) issueW(s);
+  pdl_wait();
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++) {
+    if (s < nk) issueX(s);
+    gq_commit();
+  }
+  if (F::kRung) {
+    gq_wait<NS - 2>();
+    __syncthreads();
+    rungs(0);
+  }
+#pragma unroll 1
+  for (int s = 0; s < nk; s++) {
+    if (F::kRung)
+      gq_wait<NS - 3>();  // stages s and s+1 landed
+    else
+      gq_wait<NS - 2>();  // stage s landed
+    __syncthreads();      // ... for every thread; iteration s−1 done with its slots
+    if (F::kRung && s + 1 < nk) rungs(s + 1);
+    if (s + NS - 1 < nk) {
+      issueW(s + NS - 1);
+      issueX(s + NS - 1);
+    }
+    gq_commit();
+    const uint8_t* st = sm + (s % NS) * STAGE;
+#pragma unroll 1  // (unrolled, gemmq_q4tp_s64 spilled at 128 registers)
+    for (int kk = 0; kk < KG / WK; kk++) {
+      const int kg = kk * WK + wk;
+      uint32_t fb[FN][2];
+#pragma unroll
+      for (int n = 0; n < FN; n++) F::frag(st + OFF_B + brow + 8 * n * LDB + kg * F::kWB, q4, fb[n][0], fb[n][1]);
+      const float* sd = reinterpret_cast<const float*>(st + OFF_D) + kg * BM + g4;
+      const float* sr = reinterpret_cast<const float*>(st + OFF_R) + kg * BN + wn + 2 * q4;
+      float rs[FN][2];
+#pragma unroll
+      for (int n = 0; n < FN; n++) {
+        rs[n][0] = F::kRung ? sr[8 * n] : 1.0f;
+        rs[n][1] = F::kRung ? sr[8 * n + 1] : 1.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < FT; i++) {
+        uint32_t fa[4];  // one m16 tile's A at a time: fewer live registers
+        gq_ldsm4(fa, st + arow + 16 * i * LDA + kg * 32);
+        const float d0 = sd[16 * i], d1 = sd[16 * i + 8];
+#pragma unroll
+        for (int n = 0; n < FN; n++) {
+          int c[4];
+          gq_mma(c, fa, fb[n][0], fb[n][1]);
+          acc[i][n][0] += gq_f(c[0]) * (d0 * rs[n][0]);
+          acc[i][n][1] += gq_f(c[1]) * (d0 * rs[n][1]);
+          acc[i][n][2] += gq_f(c[2]) * (d1 * rs[n][0]);
+          acc[i][n][3] += gq_f(c[3]) * (d1 * rs[n][1]);
+        }
+      }
+    }
+  }
+  gq_wait<0>();
+  __syncthreads();  // the ring is free: it holds the WK partial sums now
+
+  // red[wk][t][o]: this warp's partials of tokens 16i+g4 (+8), rows
+  // wn+8n+2q4 (+1).
+  float* red = reinterpret_cast<float*>(sm) + wk * BM * LDR;
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < FN; n++)
+#pragma unroll
+      for (int u = 0; u < 2; u++)
+        *reinterpret_cast<float2*>(red + (16 * i + g4 + 8 * u) * LDR + wn + 8 * n + 2 * q4) =
+            make_float2(acc[i][n][2 * u], acc[i][n][2 * u + 1]);
+  __syncthreads();
+  const float* rd = reinterpret_cast<const float*>(sm);
+#pragma unroll 1
+  for (int idx = tid; idx < BM * BN; idx += GQ_THREADS) {
+    const int tl = idx / BN, ol = idx % BN, t = t0 + tl, o = o0 + ol;
+    if (t >= T || o >= rows) continue;
+    float v = rd[tl * LDR + ol];
+#pragma unroll
+    for (int k = 1; k < WK; k++) v += rd[(k * BM + tl) * LDR + ol];
+    v = v * F::scale(W, rows, cols, o) + (bias ? bias[o] : 0.0f);
+    float* y = Y + (size_t)t * ldy + o;
+    if (accumulate) v += *y;
+    *y = v;
+  }
+}
+
+// name, format, BM, BN, WN, WK, KG, NS (kern.GemmQSmallTiles mirrors these).
+#define GEMMQ_SMALL(name, F, BM, BN, WN, WK, KG, NS)                                         \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQ_PARAMS) { \
+    gemmq_small<F, BM, BN, WN, WK, KG, NS>(GEMMQ_ARGS);                                      \
+  }
+GEMMQ_SMALL(q4tp_s16, GQSQ4, 16, 64, 1, 8, 8, 6)
+GEMMQ_SMALL(q4tp_s16h, GQSQ4, 16, 32, 1, 8, 8, 16)
+GEMMQ_SMALL(q4tp_s32, GQSQ4, 32, 64, 2, 4, 4, 9)
+GEMMQ_SMALL(q4tp_s32h, GQSQ4, 32, 32, 1, 8, 8, 12)
+GEMMQ_SMALL(q4tp_s64, GQSQ4, 64, 64, 4, 2, 4, 6)
+GEMMQ_SMALL(q4tp_s64h, GQSQ4, 64, 32, 2, 4, 8, 8)
+GEMMQ_SMALL(q8row_s16, GQSQ8, 16, 64, 1, 8, 8, 5)
+GEMMQ_SMALL(q8row_s16h, GQSQ8, 16, 32, 1, 8, 8, 12)
+GEMMQ_SMALL(q8row_s32, GQSQ8, 32, 64, 2, 4, 8, 4)
+GEMMQ_SMALL(q8row_s32h, GQSQ8, 32, 32, 1, 8, 8, 10)
+GEMMQ_SMALL(q8row_s64, GQSQ8, 64, 64, 4, 2, 4, 5)
+GEMMQ_SMALL(q8row_s64h, GQSQ8, 64, 32, 2, 4, 8, 7)
