@@ -120,6 +120,16 @@ type SeqSpec struct {
 	// and recurrent matrices), all of the shape DeltaNetShape.
 	DeltaNet      []int
 	DeltaNetShape DeltaNetShape
+	// MoE is the shape of the mixture-of-experts layers (zero when there
+	// are none). It is no part of a sequence's state: a device sizes its
+	// step scratch with it (Planner).
+	MoE MoEShape
+}
+
+// MoEShape is a mixture-of-experts layer's size: Experts of width Inter,
+// TopK of them per token, a shared expert of width SharedInter (0: none).
+type MoEShape struct {
+	Experts, TopK, Inter, SharedInter int
 }
 
 // KVBytes is the K/V memory of one sequence of ctx positions (f32 keys

@@ -97,6 +97,9 @@ func deltaNetShape(a *cmf.Arch) backend.DeltaNetShape {
 // DeltaNet state in the linear-attention layers.
 func hybridSpec(c *config, a *cmf.Arch) backend.SeqSpec {
 	s := backend.SeqSpec{Layers: c.layers, KVHeads: c.kvHeads, HeadDim: c.headDim, DeltaNetShape: deltaNetShape(a)}
+	if m := a.MoE; m != nil {
+		s.MoE = backend.MoEShape{Experts: m.NumExperts, TopK: m.NumExpertsPerTok, Inter: m.MoEIntermediateSize, SharedInter: m.SharedExpertIntermediateSize}
+	}
 	for l := range c.layers {
 		if LayerType(a, l) == "linear_attention" {
 			s.DeltaNet = append(s.DeltaNet, l)

@@ -100,8 +100,12 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
+	spec := cfg.seqSpec()
+	if fam.hybrid {
+		spec = hybridSpec(&cfg, &a) // the K/V of full-attention layers only, the linear-attention state, the experts' scratch
+	}
 	if p, ok := opt.Device.(backend.Planner); ok {
-		if err := p.Plan(weightBytes(m, &a), cfg.seqSpec(), cfg.widest()); err != nil {
+		if err := p.Plan(weightBytes(m, &a), spec, cfg.widest()); err != nil {
 			return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 		}
 	}
@@ -113,10 +117,10 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, batch: opt.Batch}
 	if fam.hybrid {
 		md.w, md.hy = loadHybrid(ld, &cfg, &a, rope)
-		md.spec, md.step = hybridSpec(&cfg, &a), md.hybridStep
+		md.spec, md.step = spec, md.hybridStep
 	} else {
 		md.w = loadWeights(ld, &cfg, rope)
-		md.spec, md.step = cfg.seqSpec(), md.decoderStep
+		md.spec, md.step = spec, md.decoderStep
 	}
 	if ld.err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, ld.err)

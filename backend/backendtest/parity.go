@@ -237,6 +237,10 @@ func build(dev backend.Device, c Case, seed uint64) (*net, error) {
 			m.SharedGate = mat("shared_gate", 1, c.H, 0.2)
 		}
 		n.moe = m
+		n.spec.MoE = backend.MoEShape{Experts: c.Experts, TopK: c.TopK, Inter: c.I}
+		if c.Shared {
+			n.spec.MoE.SharedInter = c.I
+		}
 	case "deltanet":
 		s := c.DeltaNet
 		kd, vd, cd := s.Dims()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/backendtest"
 	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -925,6 +926,26 @@ func TestMoEGroupedOnFake(t *testing.T) {
 		}
 		if grouped == 0 {
 			t.Fatal("no grouped expert GEMM ran")
+		}
+		// The memory plan bounds the scratch the grouped steps used.
+		var used int64
+		for _, b := range d.st.bufs {
+			used += b.n
+		}
+		for _, k := range backendtest.Cases() {
+			if !strings.HasPrefix(k.Name, "moe/q") {
+				continue
+			}
+			spec := backend.SeqSpec{Layers: 1, KVHeads: k.KVHeads, HeadDim: k.HeadDim,
+				MoE: backend.MoEShape{Experts: k.Experts, TopK: k.TopK, Inter: k.I, SharedInter: k.I}}
+			if plan := scratchBytes(d.opt.MaxRows, max(k.H, 2*k.I, k.Vocab), spec, d.info.SMs, true); used > plan {
+				t.Errorf("graphs %v: the MoE steps' scratch is %d bytes, the plan's bound %d", graphs, used, plan)
+			}
+			if plan := scratchBytes(d.opt.MaxRows, max(k.H, 2*k.I, k.Vocab), backend.SeqSpec{Layers: 1, KVHeads: k.KVHeads, HeadDim: k.HeadDim},
+				d.info.SMs, true); used <= plan {
+				t.Logf("graphs %v: the plan without the MoE shape would also hold it (%d ≤ %d)", graphs, used, plan)
+			}
+			break
 		}
 		t.Logf("graphs %v: %d grouped expert GEMMs", graphs, grouped)
 	}

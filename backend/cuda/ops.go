@@ -235,6 +235,29 @@ func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) 
 		kd, vd, cd := g.Dims()
 		n += 4 * M * int64(2*kd+2*vd+2*g.ValueHeads+cd+vd)
 	}
+	if e := spec.MoE; e.Experts > 0 && e.TopK > 0 {
+		n += moeScratchBytes(M, w, e)
+	}
+	return n
+}
+
+// moeScratchBytes bounds the mixture-of-experts block's scratch (hybrid.go)
+// for M rows of width at most w: the router logits, ids and weights, the
+// per-slot gate|up and down outputs, the shared expert's buffers, and the
+// grouped path's sorted rows (kern.MoETiles tiles of kern.MoETile: their
+// gate|up, SwiGLU and down outputs, int8 quants and scales, the sort's maps)
+// with the rows' own quants.
+func moeScratchBytes(M, w int64, e backend.MoEShape) int64 {
+	E, k, I, S := int64(e.Experts), int64(e.TopK), int64(e.Inter), int64(e.SharedInter)
+	n := 4*M*E + 8*M*k + 4*M*k*(2*I+w)
+	if S > 0 {
+		n += 4*M*(3*S) + 4*M*w + 4*M
+	}
+	rows := int64(kern.MoETiles(int(M*k), int(E))) * kern.MoETile
+	wq := max(w, I)
+	n += 4*rows*(3*I+w) + rows*wq + 4*rows*(wq/32+1) // gu, h, y; quants and scales
+	n += 4*rows + 4*M*k + 4*rows/kern.MoETile        // perm, inv, tiles
+	n += M*w + 4*M*(w/32+1)                          // the rows' own quants
 	return n
 }
 
