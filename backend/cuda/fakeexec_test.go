@@ -982,24 +982,6 @@ func TestMMQSharesActQuant(t *testing.T) {
 	}
 }
 
-// dnColumn is deltanet.cu's dn_col: conv channel c's column in a
-// projection row (grouped: Qwen3-Next's per-key-head [q k v z] groups).
-func dnColumn(k kern.DeltaNet, c int) int {
-	if !k.Grouped {
-		return c
-	}
-	dk, kd := k.KeyDim, k.KeyHeads*k.KeyDim
-	rv := k.ValueHeads / k.KeyHeads * k.ValueDim
-	per := 2*dk + 2*rv
-	switch {
-	case c < kd:
-		return c/dk*per + c%dk
-	case c < 2*kd:
-		return (c-kd)/dk*per + dk + (c-kd)%dk
-	}
-	return (c-2*kd)/rv*per + 2*dk + (c-2*kd)%rv
-}
-
 // dnZBA returns the columns of value head h's z (first of dv), b and a.
 func dnZBA(k kern.DeltaNet, h int) (z, b, a int) {
 	_, vd, cd := k.Dims()
@@ -1036,7 +1018,7 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 						d := h - j
 						var x float32
 						if d <= m {
-							x = proj.at((r-d)*k.Ldp + dnColumn(k, ch))
+							x = proj.at((r-d)*k.Ldp + k.ConvColumn(ch))
 						} else {
 							x = state.at(s*stride + (h-(d-m))*cd + ch)
 						}
@@ -1058,7 +1040,7 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 			for ch := range cd {
 				for i := range h {
 					if n+i >= h {
-						state.set(s*stride+i*cd+ch, proj.at((r-(h-1-i))*k.Ldp+dnColumn(k, ch)))
+						state.set(s*stride+i*cd+ch, proj.at((r-(h-1-i))*k.Ldp+k.ConvColumn(ch)))
 					} else {
 						state.set(s*stride+i*cd+ch, state.at(s*stride+(n+i)*cd+ch))
 					}

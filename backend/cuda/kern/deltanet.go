@@ -67,6 +67,26 @@ func DNRuleShared(dk, dv int) int { return 4 * (dk*dv + 2*dk + DNRuleThreads(dv)
 // maximum is 227 KB a block, less its static 256 bytes).
 const dnMaxShared = 200 << 10
 
+// ConvColumn is deltanet.cu's dn_col on the host (the tests' models use
+// it): conv channel c's column in a projection row — split layout [q_all
+// k_all v_all | z | b | a], grouped Qwen3-Next's [per key head q k v z][per
+// key head b a].
+func (k DeltaNet) ConvColumn(c int) int {
+	if !k.Grouped {
+		return c
+	}
+	dk, kd := k.KeyDim, k.KeyHeads*k.KeyDim
+	rv := k.ValueHeads / k.KeyHeads * k.ValueDim
+	per := 2*dk + 2*rv
+	switch {
+	case c < kd:
+		return c/dk*per + c%dk
+	case c < 2*kd:
+		return (c-kd)/dk*per + dk + (c-kd)%dk
+	}
+	return (c-2*kd)/rv*per + 2*dk + (c-2*kd)%rv
+}
+
 // Check validates the geometry against the kernels' limits.
 func (k DeltaNet) Check() error {
 	if k.KeyHeads <= 0 || k.ValueHeads <= 0 || k.ValueHeads%k.KeyHeads != 0 || k.KeyDim <= 0 || k.ValueDim <= 0 || k.ConvKernel < 2 {

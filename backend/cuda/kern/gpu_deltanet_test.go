@@ -9,25 +9,6 @@ import (
 	"github.com/cortiq/cortiq/kernels"
 )
 
-// dnColumn is conv channel c's column in a projection row (deltanet.cu's
-// dn_col): split [q_all k_all v_all | z | b | a], grouped Qwen3-Next's [per
-// key head q k v z][per key head b a].
-func dnColumn(k kern.DeltaNet, c int) int {
-	if !k.Grouped {
-		return c
-	}
-	dk, kd := k.KeyDim, k.KeyHeads*k.KeyDim
-	rv := k.ValueHeads / k.KeyHeads * k.ValueDim
-	per := 2*dk + 2*rv
-	switch {
-	case c < kd:
-		return c/dk*per + c%dk
-	case c < 2*kd:
-		return (c-kd)/dk*per + dk + (c-kd)%dk
-	}
-	return (c-2*kd)/rv*per + 2*dk + (c-2*kd)%rv
-}
-
 // dnReference is the plain CPU form of one step of the three dn_* kernels:
 // per sequence (consecutive rows of one slot) the projections ungrouped,
 // kernels.CausalConv1D on the pool's conv state, the L2 norms and
@@ -53,7 +34,7 @@ func dnReference(k kern.DeltaNet, proj []float32, slots []int32, pool, convW, aL
 		for t := range n {
 			row := proj[(r0+t)*pw : (r0+t+1)*pw]
 			for c := range cd {
-				mixed[t*cd+c] = row[dnColumn(k, c)]
+				mixed[t*cd+c] = row[k.ConvColumn(c)]
 			}
 			for h := range nv {
 				zc, bc, ac := cd+h*dv, cd+vd+h, cd+vd+nv+h
