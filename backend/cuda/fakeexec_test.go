@@ -102,14 +102,9 @@ func (f *fakeGPU) weights(fam string, p driver.DevicePtr, rows, cols int) []floa
 }
 
 // qpos is the position of element i of a block of 32 in gemmq_actq's
-// output: q4tp's order (0,2,4,6,1,3,5,7) per 8 when perm is set.
-func qpos(i int, perm bool) int {
-	if !perm {
-		return i
-	}
-	e := i & 7
-	return i&^7 + e>>1 + 4*(e&1)
-}
+// output in quant order perm (kern.QuantPos; q4tp's 0,2,4,6,1,3,5,7 for
+// perm 1, the wide tiles' orders for 2 and 3).
+func qpos(i, perm int) int { return kern.QuantPos(i, perm) }
 
 func rmsApply(x []float64, w f32s, eps float32, onePlus bool, out func(i int, v float32)) {
 	var ss float64
@@ -231,7 +226,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 	case name == "gemmq_actq":
 		// ActQuant's int8 per block of 32 (q4tp: each 8 in the order
 		// 0,2,4,6,1,3,5,7), quants at [t][cols], scales at [t][cols/32].
-		ldx, cols, perm, T := c.int(1), c.int(2), c.int(5) != 0, int(g.Y)
+		ldx, cols, perm, T := c.int(1), c.int(2), c.int(5), int(g.Y)
 		nb := cols / 32
 		x, d := f.view(c.ptr(0), int(rowsSpan(T, ldx, cols)/4)), f.view(c.ptr(4), T*nb)
 		xq := f.bytesAt(c.ptr(3), int64(T*cols))
@@ -259,6 +254,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
 		// scale after the sum), + bias, =|+= Y.
 		fam := strings.Split(name, "_")[1]
+		perm := kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam))
 		rows, cols, ldy, T, bias, acc := c.int(1), c.int(2), c.int(6), c.int(7), c.ptr(8), c.int(9) != 0
 		nb := cols / 32
 		var w []float32
@@ -276,7 +272,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		xv := make([]float64, cols)
 		for t := range T {
 			for k := range cols {
-				xv[k] = float64(int8(xq[t*cols+32*(k/32)+qpos(k%32, fam == "q4tp")])) * float64(d.at(t*nb+k/32))
+				xv[k] = float64(int8(xq[t*cols+32*(k/32)+qpos(k%32, perm)])) * float64(d.at(t*nb+k/32))
 			}
 			for o := range rows {
 				var s float64
@@ -673,7 +669,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				w = f.weights(fam, wp, rowsE, cols)
 			}
 			for kk := range cols {
-				xv[kk] = float64(int8(xq[t*cols+32*(kk/32)+qpos(kk%32, fam == "q4tp")])) * float64(d.at(t*nb+kk/32))
+				xv[kk] = float64(int8(xq[t*cols+32*(kk/32)+qpos(kk%32, b2i(fam == "q4tp"))])) * float64(d.at(t*nb+kk/32))
 			}
 			for o := range rowsE {
 				var acc float64

@@ -749,15 +749,17 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 			nq, ns := kern.GemmQScratch(m.cols, st.d.opt.MaxRows)
 			g := kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Quants: st.buf("xq", nq), Scales: st.buf("xqd", ns),
 				Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}
-			key := actqKey{x: x, xq: g.Quants, xd: g.Scales, ldx: ldx, cols: m.cols, rows: rows, perm: b2i(m.dt == quant.Q4TP), ok: true}
+			suffix := kern.GemmQSuffix(f, m.rows, m.cols, rows)
+			perm := kern.GemmQPerm(f, suffix)
+			key := actqKey{x: x, xq: g.Quants, xd: g.Scales, ldx: ldx, cols: m.cols, rows: rows, perm: perm, ok: true}
 			st.inGEMM = true
 			if st.actq != key {
-				g.PackQuant(st.a(), m.dt)
+				g.PackQuant(st.a(), perm)
 				cfg := kern.ActQuantLaunch(m.cols, rows)
 				st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
 			}
 			g.Pack(st.a(), rows)
-			name, gcfg, err := kern.GemmQLaunch(f, kern.GemmQSuffix(f, m.rows, rows), m.rows, rows)
+			name, gcfg, err := kern.GemmQLaunch(f, suffix, m.rows, rows)
 			if err != nil {
 				st.inGEMM = false
 				st.fail(fmt.Errorf("cuda: %w", err))

@@ -433,7 +433,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		rows, cols, ldy, T := c.int(1), c.int(2), c.int(6), c.int(7)
 		fam := strings.Split(name, "_")[1]
-		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, rows, T), rows, T)
+		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, rows, cols, T), rows, T)
 		q, s := kern.GemmQScratch(cols, T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
@@ -446,8 +446,9 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		// The quants must be this step's: the last gemmq_actq launched
 		// wrote them, over these T rows and columns.
 		if f.lastActQ == nil || f.lastActQ.ptr(3) != c.ptr(3) || f.lastActQ.ptr(4) != c.ptr(4) ||
-			f.lastActQ.int(2) != cols || int(f.lastActQ.cfg.Grid.Y) != T || (f.lastActQ.int(5) != 0) != (fam == "q4tp") {
-			errs = append(errs, fmt.Errorf("not preceded by a gemmq_actq of its quants (%d rows × %d, perm %v)", T, cols, fam == "q4tp"))
+			f.lastActQ.int(2) != cols || int(f.lastActQ.cfg.Grid.Y) != T || f.lastActQ.int(5) != kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam)) {
+			errs = append(errs, fmt.Errorf("not preceded by a gemmq_actq of its quants (%d rows × %d, perm %d)", T, cols,
+				kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam))))
 		}
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemm_"):
@@ -779,8 +780,8 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					}
 					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
 					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
-					if i := strings.LastIndex(name, "_s"); strings.HasPrefix(name, "gemmq_") && i > 0 {
-						name = name[:i] // the int8 GEMM's small-batch tiles (_s16h, ...)
+					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); strings.HasPrefix(name, "gemmq_") && i > 0 {
+						name = name[:i] // the int8 GEMM's small-batch and wide tiles (_s16h, _w16k8, ...)
 					}
 					names[name] = true
 				}

@@ -81,13 +81,13 @@ func TestGPUGemmQParity(t *testing.T) {
 						bp = dbias
 					}
 					gq := kern.GemmQ{W: dW, Rows: rows, Cols: cols, X: dx, Ldx: ldx, Quants: dq, Scales: dd, Bias: bp, Accumulate: epi != "store", Ldy: ldy}
-					picked, _, _ := kern.GemmQKernel(fam, rows, T)
+					picked, _, _ := kern.GemmQKernel(fam, rows, cols, T)
 					for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmQTiles(fam)...) {
 						name := picked
 						if ti > 0 {
 							name = "gemmq_" + fam + tile.Suffix
-							if tile.Small() && tile.BM < T && T > 100 {
-								continue // the small tiles over several token blocks: up to T = 100 here
+							if (tile.Small() || tile.Wide()) && tile.BM < T && T > 100 {
+								continue // the small and wide tiles over several token blocks: up to T = 100 here
 							}
 						}
 						y0 := r.vec((maxT+1)*ldy, 1)
@@ -95,8 +95,12 @@ func TestGPUGemmQParity(t *testing.T) {
 						gq.Y = dy
 						gq.ForceTile, gq.Tile = ti > 0, tile.Suffix
 						g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) })
-						if ti == 0 && epi == "store" {
-							checkActQuant(t, g, dq, dd, xe[:T], cols, dt == quant.Q4TP)
+						if epi == "store" && (ti == 0 || tile.Wide() && tile.KS == 1) {
+							perm := kern.GemmQPerm(fam, strings.TrimPrefix(picked, "gemmq_"+fam))
+							if ti > 0 {
+								perm = kern.GemmQPerm(fam, tile.Suffix)
+							}
+							checkActQuant(t, g, dq, dd, xe[:T], cols, perm)
 						}
 						got := g.readF32(dy, (maxT+1)*ldy)
 						for ti := range maxT + 1 {
@@ -130,20 +134,17 @@ func TestGPUGemmQParity(t *testing.T) {
 }
 
 // checkActQuant compares gemmq_actq's quants·scales with kern.ActQuant's
-// values exactly (q4tp: each 8 quants in the order 0,2,4,6,1,3,5,7).
-func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64, cols int, perm bool) {
+// values exactly, in quant order perm (kern.QuantPos).
+func checkActQuant(t *testing.T, g *gpu, dq, dd driver.DevicePtr, xe [][]float64, cols int, perm int) {
 	t.Helper()
 	T, nb := len(xe), cols/32
 	q := g.readBytes(dq, T*cols)
 	d := g.readF32(dd, T*nb)
 	for ti, row := range xe {
 		for k, want := range row {
-			p := k
-			if e := k & 7; perm {
-				p = k&^7 + e>>1 + 4*(e&1)
-			}
+			p := k&^31 + kern.QuantPos(k&31, perm)
 			if got := float64(int8(q[ti*cols+p])) * float64(d[ti*nb+k/32]); got != want {
-				t.Fatalf("gemmq_actq (perm %v) row %d element %d: q·d = %g, ActQuant %g", perm, ti, k, got, want)
+				t.Fatalf("gemmq_actq (perm %d) row %d element %d: q·d = %g, ActQuant %g", perm, ti, k, got, want)
 			}
 		}
 	}
@@ -174,10 +175,13 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 					if tl.Small() && tl.BM < T && tl.BM < 64 {
 						continue // the 64-token small tiles also at T = 512
 					}
+					if tl.Wide() && (T > 64 || tl.BM < T || tl.BM >= 2*T && tl.BM > 16) {
+						continue // the wide tiles of the picked token count, every cluster size
+					}
 					paths = append(paths, "tile"+map[bool]string{true: "128", false: tl.Suffix}[tl.Suffix == ""])
 				}
 				for _, path := range paths {
-					pick, _, _ := kern.GemmQKernel(kernName[dt], rows, T)
+					pick, _, _ := kern.GemmQKernel(kernName[dt], rows, cols, T)
 					if path == "base" {
 						pick, _, _ = kern.GemmKernel(kernName[dt], rows, T)
 					}

@@ -163,6 +163,11 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 				for _, tile := range []string{"", "_t64", "_d64", "_s16", "_s16h", "_s32", "_s32h", "_s64", "_s64h"} {
 					want["gemmq_"+f+tile] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
 				}
+				for _, bm := range []string{"16", "32", "64"} {
+					for _, ks := range []string{"1", "2", "4", "8"} {
+						want["gemmq_"+f+"_w"+bm+"k"+ks] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
+					}
+				}
 				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)
 				want["mv_"+f+"_r"+string(rune('0'+r))] = []int{8, 8, 8, 4, 4, 4, 4, 8, 4, 4, 8, 4, 8, 8, 8, 4, 8, 4, 4}
 			}

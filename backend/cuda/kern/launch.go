@@ -2,6 +2,7 @@ package kern
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/quant"
@@ -304,20 +305,45 @@ func GemmQScratch(cols, T int) (quants, scales int64) {
 // the warps along rows (WN) and along K (WK), the groups of 32 a stage
 // (KG) and the stages of the cp.async ring (NS; 0 for the register-staged
 // tiles "", "_t64", "_d64").
+//
+// The wide tiles (gemmq_<fmt>_w<BM>k<KS>, the GEMMQ_WIDE lines; Wide) have
+// BN = 128, a ring of NS stages of 8 groups, and split K over a cluster of
+// KS blocks (grid (⌈rows/128⌉, KS, ⌈T/BM⌉)); WN, WK and KG are 0.
 type GemmQTile struct {
 	Suffix         string
 	BN, BM         int
 	WN, WK, KG, NS int
+	KS             int
 }
 
-// Small reports whether t is a cp.async ring tile (dynamic shared memory).
-func (t GemmQTile) Small() bool { return t.NS > 0 }
+// Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
+func (t GemmQTile) Small() bool { return t.NS > 0 && t.KS == 0 }
+
+// Wide reports whether t is one of the cluster tiles gemmq_<fmt>_w*.
+func (t GemmQTile) Wide() bool { return t.KS > 0 }
+
+// gemmqWideStage is a wide tile's ring stage for family fam: BM activation
+// rows of 8·32+16 bytes, 8·BM scales, 128 weight rows of 8·WB + pad bytes
+// (q4tp 16+16, q8row 32+32) and, for q4tp, 128·8 code bytes.
+func gemmqWideStage(fam string, BM int) int {
+	if fam == "q4tp" {
+		return BM*272 + 32*BM + 128*144 + 128*8
+	}
+	return BM*272 + 32*BM + 128*288
+}
 
 // Shared is the dynamic shared memory of t for family fam: NS stages of
 // BM activation rows of KG·32+16 bytes, BN weight rows of KG·WB+16 bytes
 // (WB = 32 for q8row, 16 for q4tp), BM·KG scales and, for q4tp, BN·KG rungs
 // and BN·8 code bytes (gemmq_small's layout).
 func (t GemmQTile) Shared(fam string) int {
+	if t.Wide() {
+		sh := t.NS * gemmqWideStage(fam, t.BM)
+		if fam == "q4tp" {
+			sh += 8 * 8 * 16 * 4 // each warp's rungs: 8 groups × 16 rows
+		}
+		return sh
+	}
 	if !t.Small() {
 		return 0
 	}
@@ -337,19 +363,66 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6}, {"_s16h", 32, 16, 1, 8, 8, 16}, {"_s32", 64, 32, 2, 4, 4, 9},
-		{"_s32h", 32, 32, 1, 8, 8, 12}, {"_s64", 64, 64, 4, 2, 4, 6}, {"_s64h", 32, 64, 2, 4, 8, 8},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0}, {"_s16h", 32, 16, 1, 8, 8, 16, 0}, {"_s32", 64, 32, 2, 4, 4, 9, 0},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0}, {"_s64", 64, 64, 4, 2, 4, 6, 0}, {"_s64h", 32, 64, 2, 4, 8, 8, 0},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5}, {"_s16h", 32, 16, 1, 8, 8, 12}, {"_s32", 64, 32, 2, 4, 8, 4},
-		{"_s32h", 32, 32, 1, 8, 8, 10}, {"_s64", 64, 64, 4, 2, 4, 5}, {"_s64h", 32, 64, 2, 4, 8, 7},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0}, {"_s16h", 32, 16, 1, 8, 8, 12, 0}, {"_s32", 64, 32, 2, 4, 8, 4, 0},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0}, {"_s64", 64, 64, 4, 2, 4, 5, 0}, {"_s64h", 32, 64, 2, 4, 8, 7, 0},
 	},
 }
 
+// gemmqWide mirrors gemmq.cu's GEMMQ_WIDE_KS lines (BM, NS; every KS of
+// 1, 2, 4, 8; TestGemmQWideTilesMatchSource).
+var gemmqWide = map[string][][2]int{"q4tp": {{16, 4}, {32, 3}, {64, 2}}, "q8row": {{16, 2}, {32, 2}, {64, 2}}}
+
+// gemmqWideKS are the cluster sizes each wide tile is compiled for.
+var gemmqWideKS = []int{1, 2, 4, 8}
+
+func wideTiles(fam string) []GemmQTile {
+	var ts []GemmQTile
+	for _, bn := range gemmqWide[fam] {
+		for _, ks := range gemmqWideKS {
+			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks})
+		}
+	}
+	return ts
+}
+
 // GemmQTiles lists every int8 GEMM tile of family fam (q8row, q4tp): the
-// register-staged ones, then the small-batch ones.
+// register-staged ones, the small-batch ones, then the wide ones.
 func GemmQTiles(fam string) []GemmQTile {
-	return append(append([]GemmQTile(nil), gemmqBig...), gemmqSmall[fam]...)
+	return append(append(append([]GemmQTile(nil), gemmqBig...), gemmqSmall[fam]...), wideTiles(fam)...)
+}
+
+// GemmQSlots is the number of wide-tile blocks the H200 holds at once
+// (two an SM × 132 SMs): GemmQWideKS splits K until a launch fills it.
+const GemmQSlots = 264
+
+// GemmQWideKS is the cluster size (K split) of the wide tiles for rows ×
+// cols: the largest of 8, 4, 2 whose ⌈rows/128⌉·KS blocks fit GemmQSlots
+// and that leaves every block a chunk of 8 groups, else 1.
+func GemmQWideKS(rows, cols int) int {
+	bx, nc := (rows+127)/128, (cols/32+7)/8
+	for _, ks := range []int{8, 4, 2} {
+		if bx*ks <= GemmQSlots && ks <= nc {
+			return ks
+		}
+	}
+	return 1
+}
+
+// GemmQPerm is gemmq_actq's quant order for tile suffix of family fam: 2
+// (q4tp) or 3 (q8row) for the wide tiles, else 1 for q4tp, 0 for q8row
+// (gemmq.cu documents the orders).
+func GemmQPerm(fam, suffix string) int {
+	if strings.HasPrefix(suffix, "_w") {
+		if fam == "q4tp" {
+			return 2
+		}
+		return 3
+	}
+	return b2i(fam == "q4tp")
 }
 
 func gemmqTile(fam, suffix string) (GemmQTile, bool) {
@@ -367,23 +440,20 @@ func gemmqTile(fam, suffix string) (GemmQTile, bool) {
 // SM, with the deeper rings that fit one an SM).
 const GemmQWideRows = 4096
 
-// GemmQSuffix is the tile of family fam GemmQKernel picks: T ≤ 64 (batched
-// decode) the small-batch tile of the fewest tokens ≥ T (16, 32, 64), 64
-// weight rows a block above GemmQWideRows, else 32 ("h"); larger T for
+// GemmQSuffix is the tile of family fam GemmQKernel picks for rows × cols
+// weights: T ≤ 64 (batched decode) the wide tile of the fewest tokens ≥ T
+// (16, 32, 64) with GemmQWideKS's cluster (the _s tiles stay for
+// comparison: ForceTile); larger T for
 // q8row 128 × 64 (_t64: on the H200 308 µs against the 128 × 128 tile's
 // 417 at 14336×4096, T = 512), for q4tp 128 × 128 when that makes at least
 // GemmBlocksMin blocks, else 128 × 64.
-func GemmQSuffix(fam string, rows, T int) string {
+func GemmQSuffix(fam string, rows, cols, T int) string {
 	if T <= 64 {
 		bm := 16
 		for bm < T {
 			bm *= 2
 		}
-		s := fmt.Sprintf("_s%d", bm)
-		if rows <= GemmQWideRows {
-			s += "h"
-		}
-		return s
+		return fmt.Sprintf("_w%dk%d", bm, GemmQWideKS(rows, cols))
 	}
 	if fam != "q8row" && ((rows+127)/128)*((T+127)/128) >= GemmBlocksMin {
 		return ""
@@ -394,8 +464,8 @@ func GemmQSuffix(fam string, rows, T int) string {
 // GemmQKernel names the int8 GEMM kernel of family fam (q8row, q4tp) that
 // GemmQSuffix picks for rows weight rows and T activation rows, with its
 // launch shape: grid (⌈rows/BN⌉, ⌈T/BM⌉), 256 threads.
-func GemmQKernel(fam string, rows, T int) (name string, grid, block driver.Dim3) {
-	name, cfg, _ := GemmQLaunch(fam, GemmQSuffix(fam, rows, T), rows, T)
+func GemmQKernel(fam string, rows, cols, T int) (name string, grid, block driver.Dim3) {
+	name, cfg, _ := GemmQLaunch(fam, GemmQSuffix(fam, rows, cols, T), rows, T)
 	return name, cfg.Grid, cfg.Block
 }
 
@@ -405,6 +475,10 @@ func GemmQLaunch(fam, suffix string, rows, T int) (string, driver.Config, error)
 	t, ok := gemmqTile(fam, suffix)
 	if !ok {
 		return "", driver.Config{}, fmt.Errorf("kern: no int8 gemm tile gemmq_%s%s", fam, suffix)
+	}
+	if t.Wide() {
+		return "gemmq_" + fam + suffix, driver.Config{Grid: driver.D3((rows+t.BN-1)/t.BN, t.KS, (T+t.BM-1)/t.BM),
+			Block: driver.D1(256), Shared: t.Shared(fam)}, nil
 	}
 	return "gemmq_" + fam + suffix, driver.Config{Grid: driver.D2((rows+t.BN-1)/t.BN, (T+t.BM-1)/t.BM),
 		Block: driver.D1(256), Shared: t.Shared(fam)}, nil
@@ -435,9 +509,10 @@ type GemmQ struct {
 	Tile      string
 }
 
-// PackQuant packs into a gemmq_actq's parameters for g over format d.
-func (g GemmQ) PackQuant(a *driver.Args, d quant.DType) *driver.Args {
-	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants).Ptr(g.Scales).Int(b2i(d == quant.Q4TP))
+// PackQuant packs into a gemmq_actq's parameters for g in quant order
+// perm (GemmQPerm).
+func (g GemmQ) PackQuant(a *driver.Args, perm int) *driver.Args {
+	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants).Ptr(g.Scales).Int(perm)
 }
 
 // Pack packs into a the GEMM kernel's parameters for g over T rows.
@@ -456,12 +531,12 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < g.Rows {
 		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x) with %d rows", d, g.Rows, g.Cols, uint64(g.W), T)
 	}
-	qa, ga := g.PackQuant(new(driver.Args), d), g.Pack(new(driver.Args), T)
-	cfg := ActQuantLaunch(g.Cols, T)
-	suffix := GemmQSuffix(fam, g.Rows, T)
+	suffix := GemmQSuffix(fam, g.Rows, g.Cols, T)
 	if g.ForceTile {
 		suffix = g.Tile
 	}
+	qa, ga := g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix)), g.Pack(new(driver.Args), T)
+	cfg := ActQuantLaunch(g.Cols, T)
 	name, gcfg, err := GemmQLaunch(fam, suffix, g.Rows, T)
 	if err != nil {
 		return nil, err
@@ -475,7 +550,7 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 func (l *Launcher) ActQuant(d quant.DType, X Ptr, ldx, cols int, XQ, D Ptr, T int) error {
 	g := GemmQ{X: X, Ldx: ldx, Cols: cols, Quants: XQ, Scales: D}
 	cfg := ActQuantLaunch(cols, T)
-	return l.run([]call{{"gemmq_actq", cfg, g.PackQuant(new(driver.Args), d)}}, nil)
+	return l.run([]call{{"gemmq_actq", cfg, g.PackQuant(new(driver.Args), b2i(d == quant.Q4TP))}}, nil)
 }
 
 // GemmQ queues g over T rows (see GemmQ).
@@ -812,4 +887,21 @@ func gateMulCalls(y Ptr, ldy int, g Ptr, ldg, n, R int) []call {
 // GateMul queues y ⊙= σ(g) over R rows of n.
 func (l *Launcher) GateMul(y Ptr, ldy int, g Ptr, ldg, n, R int) error {
 	return l.run(gateMulCalls(y, ldy, g, ldg, n, R), nil)
+}
+
+// QuantPos is where gemmq_actq puts element i (0..31) of a block of 32 in
+// quant order perm (GemmQPerm): 0 as is, 1 each 8 as 0,2,4,6,1,3,5,7, 2
+// and 3 the wide tiles' orders (element 8q+m at 4q + m/2 + 16·(m%2), or at
+// 4q + m%4 + 16·(m/4)).
+func QuantPos(i, perm int) int {
+	q, m := i>>3, i&7
+	switch perm {
+	case 1:
+		return i&^7 + m>>1 + 4*(m&1)
+	case 2:
+		return 4*q + m>>1 + 16*(m&1)
+	case 3:
+		return 4*q + m&3 + 16*(m>>2)
+	}
+	return i
 }

@@ -199,39 +199,60 @@ func TestGemmKernelTiles(t *testing.T) {
 }
 
 // GemmQKernel's tiles cover every weight row and token: for T ≤ 64 the
-// small-batch tile of the fewest tokens ≥ T (64 weight rows a block above
-// GemmQWideRows, else 32, with its ring's shared memory), else 128 × 128
-// exactly when that makes GemmBlocksMin blocks, else 128 × 64.
+// wide tile of the fewest tokens ≥ T with GemmQWideKS's cluster (the
+// largest K split whose blocks fit GemmQSlots, at least a chunk of 8
+// groups a block; its ring's shared memory), else 128 × 128 exactly when
+// that makes GemmBlocksMin blocks, else 128 × 64.
 func TestGemmQKernelTiles(t *testing.T) {
 	for _, c := range []struct {
-		rows, T int
-		name    string
+		rows, cols, T int
+		name          string
 	}{
-		{37, 1, "gemmq_q4tp_s16h"}, {4096, 16, "gemmq_q4tp_s16h"}, {14336, 16, "gemmq_q4tp_s16"}, {14336, 17, "gemmq_q4tp_s32"},
-		{4096, 32, "gemmq_q4tp_s32h"}, {14336, 64, "gemmq_q4tp_s64"}, {4096, 64, "gemmq_q4tp_s64h"}, {4097, 33, "gemmq_q4tp_s64"},
-		{6144, 64, "gemmq_q4tp_s64"}, {1024, 64, "gemmq_q4tp_s64h"},
-		{130, 65, "gemmq_q4tp_t64"}, {4096, 512, "gemmq_q4tp_t64"}, {14336, 512, "gemmq_q4tp"}, {4096, 1024, "gemmq_q4tp"},
+		{37, 4096, 1, "gemmq_q4tp_w16k8"}, {4096, 4096, 16, "gemmq_q4tp_w16k8"}, {14336, 4096, 16, "gemmq_q4tp_w16k2"},
+		{14336, 4096, 17, "gemmq_q4tp_w32k2"}, {4096, 4096, 32, "gemmq_q4tp_w32k8"}, {4096, 4096, 64, "gemmq_q4tp_w64k8"},
+		{4096, 14336, 64, "gemmq_q4tp_w64k8"}, {1024, 4096, 64, "gemmq_q4tp_w64k8"}, {6144, 4096, 33, "gemmq_q4tp_w64k4"},
+		{28672, 4096, 64, "gemmq_q4tp_w64k1"}, {4096, 96, 64, "gemmq_q4tp_w64k1"}, {4096, 512, 9, "gemmq_q4tp_w16k2"},
+		{130, 4096, 65, "gemmq_q4tp_t64"}, {4096, 4096, 512, "gemmq_q4tp_t64"}, {14336, 4096, 512, "gemmq_q4tp"},
+		{4096, 4096, 1024, "gemmq_q4tp"},
 	} {
-		name, grid, block := GemmQKernel("q4tp", c.rows, c.T)
+		name, grid, block := GemmQKernel("q4tp", c.rows, c.cols, c.T)
 		tl, ok := gemmqTile("q4tp", strings.TrimPrefix(name, "gemmq_q4tp"))
-		if name != c.name || !ok || block.X != 256 || block.Y != 1 || grid.Z != 1 {
-			t.Errorf("%d×T%d: %s block %v, want %s, 256", c.rows, c.T, name, block, c.name)
+		if name != c.name || !ok || block.X != 256 || block.Y != 1 {
+			t.Errorf("%d×%d T%d: %s block %v, want %s, 256", c.rows, c.cols, c.T, name, block, c.name)
 			continue
 		}
 		bn, bm := tl.BN, tl.BM
-		if int(grid.X)*bn < c.rows || int(grid.X-1)*bn >= c.rows || int(grid.Y)*bm < c.T || int(grid.Y-1)*bm >= c.T {
+		gy, gt := grid.Y, grid.Y
+		if tl.Wide() {
+			gy, gt = uint32(tl.KS), grid.Z
+			if grid.Y != gy {
+				t.Errorf("%s: grid %v, want %d K slices", name, grid, tl.KS)
+			}
+		} else if grid.Z != 1 {
+			t.Errorf("%s: grid %v", name, grid)
+		}
+		if int(grid.X)*bn < c.rows || int(grid.X-1)*bn >= c.rows || int(gt)*bm < c.T || int(gt-1)*bm >= c.T {
 			t.Errorf("%d×T%d: grid %v does not tile %d×%d blocks", c.rows, c.T, grid, bn, bm)
 		}
+		if tl.Wide() && int(grid.X)*tl.KS > GemmQSlots && tl.KS > 1 {
+			t.Errorf("%s: %d blocks over %d slots", name, int(grid.X)*tl.KS, GemmQSlots)
+		}
 		_, cfg, err := GemmQLaunch("q4tp", tl.Suffix, c.rows, c.T)
-		if err != nil || cfg.Shared != tl.Shared("q4tp") || (cfg.Shared > 0) != strings.Contains(name, "_s") {
+		if err != nil || cfg.Shared != tl.Shared("q4tp") || (cfg.Shared > 0) != (tl.Small() || tl.Wide()) {
 			t.Errorf("%s: shared %d (%v)", name, cfg.Shared, err)
 		}
 	}
-	if name, _, _ := GemmQKernel("q8row", 14336, 512); name != "gemmq_q8row_t64" {
+	if name, _, _ := GemmQKernel("q8row", 14336, 4096, 512); name != "gemmq_q8row_t64" {
 		t.Errorf("q8row 14336×T512: %s, want gemmq_q8row_t64", name)
+	}
+	if name, _, _ := GemmQKernel("q8row", 4096, 4096, 64); name != "gemmq_q8row_w64k8" {
+		t.Errorf("q8row 4096×T64: %s, want gemmq_q8row_w64k8", name)
 	}
 	if _, _, err := GemmQLaunch("q4tp", "_s8", 64, 8); err == nil {
 		t.Error("an unknown tile launched")
+	}
+	if GemmQPerm("q4tp", "_w64k8") != 2 || GemmQPerm("q8row", "_w16k1") != 3 || GemmQPerm("q4tp", "_s64") != 1 || GemmQPerm("q8row", "") != 0 {
+		t.Error("GemmQPerm")
 	}
 }
 

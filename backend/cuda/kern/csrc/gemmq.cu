@@ -61,7 +61,13 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
     d = __fdiv_rn(am, 127.0f);
   }
   const int e = lane & 7;
-  const int p = perm ? (lane & ~7) + (e >> 1) + 4 * (e & 1) : lane;
+  // perm 1: q4tp's order for the register-staged and _s tiles; 2 (q4tp)
+  // and 3 (q8_row): the wide tiles' (lane q of a B fragment reads word q).
+  const int q8 = lane >> 3;
+  const int p = perm == 1   ? (lane & ~7) + (e >> 1) + 4 * (e & 1)
+                : perm == 2 ? 4 * q8 + (e >> 1) + 16 * (e & 1)
+                : perm == 3 ? 4 * q8 + (e & 3) + 16 * (e >> 2)
+                            : lane;
   XQ[(size_t)t * cols + b * 32 + p] = (int8_t)q;
   if (lane == 0) D[(size_t)t * nb + b] = d;
 }
@@ -589,3 +595,332 @@ GEMMQ_SMALL(q8row_s32, GQSQ8, 32, 64, 2, 4, 8, 4)
 GEMMQ_SMALL(q8row_s32h, GQSQ8, 32, 32, 1, 8, 8, 10)
 GEMMQ_SMALL(q8row_s64, GQSQ8, 64, 64, 4, 2, 4, 5)
 GEMMQ_SMALL(q8row_s64h, GQSQ8, 64, 32, 2, 4, 8, 7)
+
+// ---------------------------------------------------------------------------
+// Wide tiles gemmq_<fmt>_w<BM>k<KS> (batched decode, T ≤ 64; the default
+// there): 128 weight rows a block, 16 a warp (two n8 tiles: every warp has
+// its own rows, so each weight byte is read from shared memory once), all
+// BM = 16·FT tokens, and the K range split over the KS blocks of a thread
+// block cluster (1, KS, 1) (grid (⌈rows/128⌉, KS, ⌈T/BM⌉)): each block sums
+// its slice's chunks of CG = 8 groups, then the cluster adds the KS partial
+// tiles from one another's shared memory (distributed shared memory) in
+// the fixed order rank 0, 1, ..., each block finishing 1/KS of the tile:
+// bit-reproducible, no global scratch. Why: the _s tiles spend ~37
+// instructions an mma (ncu, stop 19) on per-stage address arithmetic,
+// copies of activations for every 32-64 rows, and rungs; here the
+// activations of a chunk serve 128 rows, a thread's copies keep fixed
+// slots (pointers advance by a constant), and the B fragments cost one
+// shared load and 1-3 logic operations:
+//   - the activations come in a per-format order (gemmq_actq perm 2 for
+//     q4tp, 3 for q8_row; kern.GemmQPerm) such that lane (g, q) of the
+//     m16n8k32 B fragment reads exactly word q of row g's group (q4tp:
+//     its low nibbles are k slots 4q.., its high ones 16+4q..) or bytes
+//     8q..8q+7 (q8_row: one 8-byte load);
+//   - q4tp's nibbles become 16·(n − 8) with one or two operations
+//     (n·16 ^ 0x80 is 16n − 128 as a signed byte): the int32 sum is 16×
+//     the true one (|Σ| ≤ 32·128·127 < 2^22, still exact through GQ_BIAS)
+//     and the rung carries the 1/16 (exact), so acc += f(c)·(d·rung) is
+//     the same float arithmetic as the other tiles'.
+// Stage s of a block's slice (a cp.async ring of NS stages): BM activation
+// rows of CG·32 bytes (+16), their CG·BM scales ([kg][t]), 128 weight rows
+// of CG·WB bytes (+16 for q4tp, +32 for q8_row: conflict-free fragment
+// loads) and, for q4tp, each row's two aligned code words around the
+// chunk's first code (CG = 8: 40 bits from a byte boundary). Each warp
+// turns its 16 rows' codes into rungs (a lane per row and 4 groups) in a
+// buffer of its own after the stage lands. Scales sit [kg][g][i][u] for
+// token 16i + 8u + g, so that a lane loads its 2·FT with one or two vector
+// loads. Launch: block 256, dynamic
+// shared memory kern.GemmQWideTile.Shared, parameters as the other tiles.
+
+__device__ __forceinline__ void gq_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+// The float4 at p in the shared memory of cluster block rank.
+__device__ __forceinline__ float4 gq_ld_cluster4(const float* p, uint32_t rank) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(r)
+               : "memory");
+  return v;
+}
+
+struct GQWQ4 {
+  static constexpr int kWB = 16, kPad = 16;
+  static constexpr bool kRung = true;
+  __device__ static const uint8_t* row(const uint8_t* W, int cols, int o) { return W + (size_t)o * (cols / 32) * 16; }
+  __device__ static void frag(const uint8_t* grp, int q, uint32_t& b0, uint32_t& b1) {
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(grp + 4 * q);
+    b0 = ((x << 4) & 0xF0F0F0F0u) ^ 0x80808080u;  // low nibbles: 16·(n − 8)
+    b1 = (x & 0xF0F0F0F0u) ^ 0x80808080u;         // high nibbles
+  }
+  __device__ static float scale(const uint8_t*, int, int, int) { return 1.0f; }
+};
+
+struct GQWQ8 {
+  static constexpr int kWB = 32, kPad = 32;
+  static constexpr bool kRung = false;
+  __device__ static const uint8_t* row(const uint8_t* W, int cols, int o) { return W + (size_t)o * cols; }
+  __device__ static void frag(const uint8_t* grp, int q, uint32_t& b0, uint32_t& b1) {
+    const uint2 v = *reinterpret_cast<const uint2*>(grp + 8 * q);
+    b0 = v.x;
+    b1 = v.y;
+  }
+  __device__ static float scale(const uint8_t* W, int rows, int cols, int o) {
+    return f16_to_f32(ld_u16(W + (size_t)rows * cols + 2 * (size_t)o));
+  }
+};
+
+template <class F, int FT, int KS, int NS>
+__device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int rows, int cols,
+                                           const int8_t* __restrict__ XQ, const float* __restrict__ D,
+                                           float* __restrict__ Y, int ldy, int T, const float* __restrict__ bias,
+                                           int accumulate) {
+  constexpr int CG = 8, BM = 16 * FT, BN = 128;
+  constexpr int LDA = CG * 32 + 16, LDB = CG * F::kWB + F::kPad, LDR = BN + 4;
+  constexpr int OFF_D = BM * LDA, OFF_W = OFF_D + CG * BM * 4, OFF_C = OFF_W + BN * LDB;
+  constexpr int STAGE = OFF_C + (F::kRung ? BN * 8 : 0);
+  constexpr int CWU = CG * F::kWB / 16;       // 16-byte weight units a row and stage
+  constexpr int UW = BN * CWU / GQ_THREADS;   // ... a thread
+  constexpr int UA = (BM * CG * 2 + GQ_THREADS - 1) / GQ_THREADS;  // activation units a thread
+  constexpr int UD = (BM * CG + GQ_THREADS - 1) / GQ_THREADS;      // scales a thread
+  static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "wide tile layout");
+  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
+  extern __shared__ __align__(16) uint8_t gq_dsm[];
+  uint8_t* const sm = gq_dsm;
+  float* const rb = reinterpret_cast<float*>(sm + NS * STAGE);  // q4tp: [warp][kg][16] rungs
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
+  const int o0 = blockIdx.x * BN, ks = blockIdx.y, t0 = blockIdx.z * BM, wr = 16 * warp;
+  const int nb = cols / 32, nc = (nb + CG - 1) / CG;
+  const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;  // this slice's chunks
+  const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
+  const size_t coff = (size_t)rows * gpr * 16 + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
+
+  // Fixed copy slots: weight units (row tid/CWU + j·256/CWU, unit tid %
+  // CWU), code words (row tid/2, word tid%2), activation units (row
+  // tid/16 + 16j, unit tid%16), scales (row tid/8 + 32j, group tid%8).
+  const uint8_t* srcW[UW];
+  int dstW[UW];
+  const int cw = tid % CWU, gw = cw * 16 / F::kWB;
+#pragma unroll
+  for (int j = 0; j < UW; j++) {
+    const int r = tid / CWU + j * (GQ_THREADS / CWU);
+    srcW[j] = F::row(W, cols, min(o0 + r, rows - 1)) + (size_t)c0 * CG * F::kWB + cw * 16;
+    dstW[j] = OFF_W + r * LDB + cw * 16;
+  }
+  const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
+  const int ca = tid % 16;
+  const int8_t* srcA[UA];
+  int dstA[UA];
+#pragma unroll
+  for (int j = 0; j < UA; j++) {
+    const int r = tid / 16 + 16 * j;
+    srcA[j] = XQ + (size_t)min(t0 + min(r, BM - 1), T - 1) * cols + (size_t)c0 * CG * 32 + ca * 16;
+    dstA[j] = r * LDA + ca * 16;
+  }
+  const int kd = tid % CG;
+  const float* srcD[UD];
+  int dstD[UD];
+#pragma unroll
+  for (int j = 0; j < UD; j++) {
+    const int r = tid / CG + (GQ_THREADS / CG) * j;
+    srcD[j] = D + (size_t)min(t0 + min(r, BM - 1), T - 1) * nb + (size_t)c0 * CG + kd;
+    dstD[j] = OFF_D + (kd * BM + (r & 7) * 2 * FT + 2 * (r >> 4) + ((r >> 3) & 1)) * 4;  // [kg][g][i][u]
+  }
+  auto issueW = [&](int s) {  // stage s of the slice
+    uint8_t* st = sm + (s % NS) * STAGE;
+    const int gb = (c0 + s) * CG;
+    const bool ok = gb + gw < nb;
+#pragma unroll
+    for (int j = 0; j < UW; j++) gq_cp16(st + dstW[j], ok ? srcW[j] + (size_t)s * CG * F::kWB : W, ok);
+    if (F::kRung) {
+      const size_t a = ((cbase + 5 * (size_t)(c0 + s)) & ~(size_t)3) + 4 * (tid & 1);
+      uint8_t* dst = st + OFF_C + (tid >> 1) * 8 + 4 * (tid & 1);
+      if (a + 4 <= wend) {
+        gq_cp4(dst, W + a, true);
+      } else {  // the tensor's last, partial word (or none)
+        uint32_t v = 0;
+        for (int e = 0; e < 4; e++)
+          if (a + e < wend) v |= (uint32_t)W[a + e] << (8 * e);
+        *reinterpret_cast<uint32_t*>(dst) = v;
+      }
+    }
+  };
+  auto issueX = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+    const int gb = (c0 + s) * CG;
+    const bool oka = gb + ca / 2 < nb, okd = gb + kd < nb;
+#pragma unroll
+    for (int j = 0; j < UA; j++)
+      if (BM * CG * 2 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 2)
+        gq_cp16(st + dstA[j], oka ? srcA[j] + (size_t)s * CG * 32 : XQ, oka);
+#pragma unroll
+    for (int j = 0; j < UD; j++)
+      if (BM * CG >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG)
+        gq_cp4(st + dstD[j], okd ? srcD[j] + (size_t)s * CG : D, okd);
+  };
+  // q4tp: lane l's rung row (wr + l%16) and its ladder and code bytes.
+  const int rr = lane & 15, rh = lane >> 4;
+  uint32_t ladder = 0;
+  size_t rcode = 0;
+  if (F::kRung) {
+    const int o = min(o0 + wr + rr, rows - 1);
+    const size_t po = (size_t)rows * gpr * 16 + 4 * (size_t)o;
+    ladder = (uint32_t)ld_u16(W + po) | ((uint32_t)ld_u16(W + po + 2) << 16);
+    rcode = coff + (size_t)o * cbytes;
+  }
+
+  float acc[FT][2][4];
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
+  const int arow = (lane & 15) * LDA + (lane >> 4) * 16;
+
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++)
+    if (s < nk) issueW(s);
+  pdl_wait();
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++) {
+    if (s < nk) issueX(s);
+    gq_commit();
+  }
+#pragma unroll 1
+  for (int s = 0; s < nk; s++) {
+    gq_wait<NS - 2>();  // stage s landed (this thread's copies) ...
+    __syncthreads();    // ... and every thread's; stage s−1's slot is free
+    if (s + NS - 1 < nk) {
+      issueW(s + NS - 1);
+      issueX(s + NS - 1);
+    }
+    gq_commit();
+    const uint8_t* st = sm + (s % NS) * STAGE;
+    const int gv = min(CG, nb - (c0 + s) * CG);  // valid groups of the chunk (uniform)
+    float* wrb = rb + warp * CG * 16;
+    if (F::kRung) {
+      const size_t p = rcode + 5 * (size_t)(c0 + s);
+      const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * 8);
+      const uint64_t win = (uint64_t)cwd.x | ((uint64_t)cwd.y << 32);
+      const int sh = (int)(p & 3) * 8;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int kg = 4 * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
+        wrb[kg * 16 + rr] = kg < gv ? q4tp_rung((uint16_t)ladder, (uint16_t)(ladder >> 16), code) * 0.0625f : 0.0f;
+      }
+      __syncwarp();
+    }
+#pragma unroll
+    for (int kg = 0; kg < CG; kg++) {
+      if (kg >= gv) break;
+      uint32_t fb[2][2];
+      float2 rs[2];
+#pragma unroll
+      for (int n = 0; n < 2; n++) {
+        F::frag(st + OFF_W + (wr + 8 * n + g4) * LDB + kg * F::kWB, q4, fb[n][0], fb[n][1]);
+        rs[n] = F::kRung ? *reinterpret_cast<const float2*>(wrb + kg * 16 + 8 * n + 2 * q4) : make_float2(1.0f, 1.0f);
+      }
+      // The scales of tokens 16i + 8u + g4 as dv[2i + u]: one or two vector loads.
+      const float* sd = reinterpret_cast<const float*>(st + OFF_D) + kg * BM + g4 * 2 * FT;
+      float dv[2 * FT];
+      if constexpr (FT == 1) {
+        const float2 x = *reinterpret_cast<const float2*>(sd);
+        dv[0] = x.x;
+        dv[1] = x.y;
+      } else {
+#pragma unroll
+        for (int h = 0; h < FT / 2; h++) {
+          const float4 x = *reinterpret_cast<const float4*>(sd + 4 * h);
+          dv[4 * h] = x.x;
+          dv[4 * h + 1] = x.y;
+          dv[4 * h + 2] = x.z;
+          dv[4 * h + 3] = x.w;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < FT; i++) {
+        uint32_t fa[4];
+        gq_ldsm4(fa, st + arow + 16 * i * LDA + kg * 32);
+        const float d0 = dv[2 * i], d1 = dv[2 * i + 1];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+          int c[4];
+          gq_mma(c, fa, fb[n][0], fb[n][1]);
+          acc[i][n][0] += gq_f(c[0]) * (d0 * rs[n].x);
+          acc[i][n][1] += gq_f(c[1]) * (d0 * rs[n].y);
+          acc[i][n][2] += gq_f(c[2]) * (d1 * rs[n].x);
+          acc[i][n][3] += gq_f(c[3]) * (d1 * rs[n].y);
+        }
+      }
+    }
+  }
+  gq_wait<0>();
+  __syncthreads();  // the ring is free: it holds this block's partial tile now
+
+  // red[t][o]: tokens 16i+g4 (+8), rows wr+8n+2q4 (+1).
+  float* red = reinterpret_cast<float*>(sm);
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int u = 0; u < 2; u++)
+        *reinterpret_cast<float2*>(red + (16 * i + g4 + 8 * u) * LDR + wr + 8 * n + 2 * q4) =
+            make_float2(acc[i][n][2 * u], acc[i][n][2 * u + 1]);
+  if (KS > 1)
+    gq_cluster_sync();  // every block's partials written and visible to the cluster
+  else
+    __syncthreads();
+  // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 128 tile,
+  // adding the KS partials in rank order.
+  constexpr int P = BM * (BN / 4) / KS;
+#pragma unroll 1
+  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+    const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
+    const float* src = red + tl * LDR + ol;
+    float4 sum = KS > 1 ? gq_ld_cluster4(src, 0) : *reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int k = 1; k < KS; k++) {
+      const float4 x = gq_ld_cluster4(src, k);
+      sum.x += x.x;
+      sum.y += x.y;
+      sum.z += x.z;
+      sum.w += x.w;
+    }
+    if (t >= T) continue;
+    const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int o = o0 + ol + e;
+      if (o >= rows) continue;
+      float val = sv[e] * F::scale(W, rows, cols, o) + (bias ? bias[o] : 0.0f);
+      float* y = Y + (size_t)t * ldy + o;
+      if (accumulate) val += *y;
+      *y = val;
+    }
+  }
+  if (KS > 1) gq_cluster_sync();  // no block leaves while another reads its partials
+}
+
+// name, format, FT (BM = 16·FT tokens), KS (the cluster), NS (kern.GemmQWideTiles mirrors these).
+#define GEMMQ_WIDE(name, F, FT, KS, NS)                                                                           \
+  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQ_PARAMS) { \
+    gemmq_wide<F, FT, KS, NS>(GEMMQ_ARGS);                                                                          \
+  }
+#define GEMMQ_WIDE_KS(fam, F, BM, FT, NS)       \
+  GEMMQ_WIDE(fam##_w##BM##k1, F, FT, 1, NS)   \
+  GEMMQ_WIDE(fam##_w##BM##k2, F, FT, 2, NS)   \
+  GEMMQ_WIDE(fam##_w##BM##k4, F, FT, 4, NS)   \
+  GEMMQ_WIDE(fam##_w##BM##k8, F, FT, 8, NS)
+GEMMQ_WIDE_KS(q4tp, GQWQ4, 16, 1, 4)
+GEMMQ_WIDE_KS(q4tp, GQWQ4, 32, 2, 3)
+GEMMQ_WIDE_KS(q4tp, GQWQ4, 64, 4, 2)
+GEMMQ_WIDE_KS(q8row, GQWQ8, 16, 1, 2)
+GEMMQ_WIDE_KS(q8row, GQWQ8, 32, 2, 2)
+GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
