@@ -252,45 +252,56 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
-		// scale after the sum), + bias, =|+= Y.
+		// scale after the sum), + bias, =|+= Y; the wide tiles over up to
+		// three tensors, side by side in Y.
 		fam := strings.Split(name, "_")[1]
 		perm := kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam))
-		rows, cols, ldy, T, bias, acc := c.int(1), c.int(2), c.int(6), c.int(7), c.ptr(8), c.int(9) != 0
-		nb := cols / 32
-		var w []float32
-		if fam == "q8row" {
-			w = f.weights("q8quants", c.ptr(0), rows, cols)
-		} else {
-			w = f.weights(fam, c.ptr(0), rows, cols)
-		}
-		xq, d := f.bytesAt(c.ptr(3), int64(T*cols)), f.view(c.ptr(4), T*nb)
-		y := f.view(c.ptr(5), int(rowsSpan(T, ldy, rows)/4))
-		var b f32s
-		if bias != 0 {
-			b = f.view(bias, rows)
-		}
-		xv := make([]float64, cols)
-		for t := range T {
-			for k := range cols {
-				xv[k] = float64(int8(xq[t*cols+32*(k/32)+qpos(k%32, perm)])) * float64(d.at(t*nb+k/32))
+		g := fakeGemmQArgs(c, perm > 1)
+		nb := g.cols / 32
+		xq, d := f.bytesAt(g.xq, int64(g.T*g.cols)), f.view(g.d, g.T*nb)
+		y := f.view(g.y, int(rowsSpan(g.T, g.ldy, g.total())/4))
+		xv := make([][]float64, g.T)
+		for t := range g.T {
+			xv[t] = make([]float64, g.cols)
+			for k := range g.cols {
+				xv[t][k] = float64(int8(xq[t*g.cols+32*(k/32)+qpos(k%32, perm)])) * float64(d.at(t*nb+k/32))
 			}
-			for o := range rows {
-				var s float64
-				for k, v := range xv {
-					s += float64(w[o*cols+k]) * v
-				}
-				v := float32(s)
-				if fam == "q8row" {
-					v *= f.q8scale(c.ptr(0), rows, cols, o)
-				}
-				if b != nil {
-					v += b.at(o)
-				}
-				if acc {
-					v += y.at(t*ldy + o)
-				}
-				y.set(t*ldy+o, v)
+		}
+		col := 0
+		for _, p := range g.parts {
+			if p.rows == 0 {
+				continue
 			}
+			var w []float32
+			if fam == "q8row" {
+				w = f.weights("q8quants", p.w, p.rows, g.cols)
+			} else {
+				w = f.weights(fam, p.w, p.rows, g.cols)
+			}
+			var b f32s
+			if p.bias != 0 {
+				b = f.view(p.bias, p.rows)
+			}
+			for t := range g.T {
+				for o := range p.rows {
+					var s float64
+					for k, v := range xv[t] {
+						s += float64(w[o*g.cols+k]) * v
+					}
+					v := float32(s)
+					if fam == "q8row" {
+						v *= f.q8scale(p.w, p.rows, g.cols, o)
+					}
+					if b != nil {
+						v += b.at(o)
+					}
+					if g.acc {
+						v += y.at(t*g.ldy + col + o)
+					}
+					y.set(t*g.ldy+col+o, v)
+				}
+			}
+			col += p.rows
 		}
 	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"):
 		fam := strings.Split(name, "_")[1]
@@ -949,31 +960,47 @@ func TestMoEGroupedOnFake(t *testing.T) {
 
 // TestMMQSharesActQuant: in a step of more than 8 rows on the int8 GEMM,
 // the q, k and v projections of one input (and gate and up) quantize that
-// input once: fewer gemmq_actq launches than GEMMs, with the logits
-// unchanged (TestParitySuiteNumericOnFakeMMQ compares them with the CPU).
+// input once: by default they are one stacked wide launch (kern.GemmQ.More)
+// after one gemmq_actq; with Options.NoFusion (separate launches) fewer
+// gemmq_actq launches than GEMMs. No gemmq_actq ever re-quantizes the input
+// the previous one did. The logits are unchanged either way
+// (TestParitySuiteNumericOnFakeMMQ compares them with the CPU).
 func TestMMQSharesActQuant(t *testing.T) {
-	f := newFake(t, 4)
-	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64})
-	for _, k := range backendtest.Cases() {
-		if k.Name != "attention/q4tp" && k.Name != "mlp/q8_row" {
-			continue
-		}
-		n0 := len(f.calls)
-		if _, err := backendtest.Run(d, k, []backendtest.Step{{{0, 12}}}, 5); err != nil {
-			t.Fatal(err)
-		}
-		q, g := 0, 0
-		for _, c := range f.calls[n0:] {
-			switch {
-			case c.name == "gemmq_actq":
-				q++
-			case strings.HasPrefix(c.name, "gemmq_"):
-				g++
+	for _, noFusion := range []bool{false, true} {
+		f := newFake(t, 4)
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoFusion: noFusion})
+		for _, k := range backendtest.Cases() {
+			if k.Name != "attention/q4tp" && k.Name != "mlp/q8_row" {
+				continue
 			}
-		}
-		t.Logf("%s: %d activation quantizations for %d int8 GEMMs", k.Name, q, g)
-		if g < 2 || q >= g {
-			t.Errorf("%s: %d gemmq_actq for %d GEMMs: the shared input is quantized more than once", k.Name, q, g)
+			n0 := len(f.calls)
+			if _, err := backendtest.Run(d, k, []backendtest.Step{{{0, 12}}}, 5); err != nil {
+				t.Fatal(err)
+			}
+			q, g, stacked := 0, 0, 0
+			var last driver.DevicePtr
+			for _, c := range f.calls[n0:] {
+				switch {
+				case c.name == "gemmq_actq":
+					q++
+					if c.ptr(0) == last {
+						t.Errorf("%s: gemmq_actq quantized the same input twice in a row", k.Name)
+					}
+					last = c.ptr(0)
+				case strings.HasPrefix(c.name, "gemmq_"):
+					g++
+					if gq := fakeGemmQArgs(&c, strings.Contains(c.name, "_w")); gq.parts[1].rows > 0 {
+						stacked++
+					}
+				}
+			}
+			t.Logf("%s (NoFusion %v): %d activation quantizations for %d int8 GEMMs, %d stacked", k.Name, noFusion, q, g, stacked)
+			switch {
+			case noFusion && (g < 2 || q >= g || stacked > 0):
+				t.Errorf("%s: %d gemmq_actq for %d GEMMs (%d stacked) with NoFusion: the shared input is quantized more than once", k.Name, q, g, stacked)
+			case !noFusion && (stacked == 0 || q > g):
+				t.Errorf("%s: %d gemmq_actq for %d GEMMs, %d stacked: q|k|v or gate|up not one launch", k.Name, q, g, stacked)
+			}
 		}
 	}
 }
@@ -1112,4 +1139,30 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 			}
 		}
 	}
+}
+
+// fakeGemmQ is an int8 GEMM launch's parameters: the register-staged and
+// _s tiles' (W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate) or the
+// wide tiles' (W0..2, rows0..2, cols, XQ, D, Y, ldy, T, b0..2, accumulate).
+type fakeGemmQ struct {
+	parts        [3]struct{ w, bias driver.DevicePtr; rows int }
+	cols, ldy, T int
+	xq, d, y     driver.DevicePtr
+	acc          bool
+}
+
+func (g fakeGemmQ) total() int { return g.parts[0].rows + g.parts[1].rows + g.parts[2].rows }
+
+func fakeGemmQArgs(c *fakeCall, wide bool) fakeGemmQ {
+	var g fakeGemmQ
+	if !wide {
+		g.parts[0].w, g.parts[0].rows, g.parts[0].bias = c.ptr(0), c.int(1), c.ptr(8)
+		g.cols, g.xq, g.d, g.y, g.ldy, g.T, g.acc = c.int(2), c.ptr(3), c.ptr(4), c.ptr(5), c.int(6), c.int(7), c.int(9) != 0
+		return g
+	}
+	for j := range 3 {
+		g.parts[j].w, g.parts[j].rows, g.parts[j].bias = c.ptr(j), c.int(3+j), c.ptr(12+j)
+	}
+	g.cols, g.xq, g.d, g.y, g.ldy, g.T, g.acc = c.int(6), c.ptr(7), c.ptr(8), c.ptr(9), c.int(10), c.int(11), c.int(15) != 0
+	return g
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -746,31 +747,7 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// By default (not Options.NoMMQ): the int8 GEMM, on activations
 		// quantized into scratch first.
 		if !st.d.opt.NoMMQ && kern.GemmQSupported(m.dt, m.p, m.cols) {
-			nq, ns := kern.GemmQScratch(m.cols, st.d.opt.MaxRows)
-			g := kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Quants: st.buf("xq", nq), Scales: st.buf("xqd", ns),
-				Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}
-			suffix := kern.GemmQSuffix(f, m.rows, m.cols, rows)
-			perm := kern.GemmQPerm(f, suffix)
-			key := actqKey{x: x, xq: g.Quants, xd: g.Scales, ldx: ldx, cols: m.cols, rows: rows, perm: perm, ok: true}
-			st.inGEMM = true
-			if st.actq != key {
-				g.PackQuant(st.a(), perm)
-				cfg := kern.ActQuantLaunch(m.cols, rows)
-				st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
-			}
-			g.Pack(st.a(), rows)
-			name, gcfg, err := kern.GemmQLaunch(f, suffix, m.rows, rows)
-			if err != nil {
-				st.inGEMM = false
-				st.fail(fmt.Errorf("cuda: %w", err))
-				return
-			}
-			st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
-			st.inGEMM = false
-			st.actq = key
-			if y < x+driver.DevicePtr(4*int64(rows)*int64(ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(ldy)) {
-				st.actq.ok = false // the GEMM wrote its own input (cannot happen for a projection; kept safe)
-			}
+			st.gemmq(kern.GemmQ{W: m.p, Rows: m.rows, Cols: m.cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Bias: bias, Accumulate: accumulate}, m.dt, rows)
 			return
 		}
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
@@ -794,6 +771,81 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 			Ptr(y.Add(4 * int64(r0) * int64(ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
 		st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
 	}
+}
+
+// gemmq queues the int8 GEMM g (its tensors of format dt) over rows
+// activation rows: gemmq_actq into scratch unless the last one quantized
+// the same rows of the same input in the same order (q, k, v of one
+// input; gate and up), then the tile kern.GemmQSuffix picks.
+func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
+	f, err := kernelFormat(dt)
+	if err != nil {
+		st.fail(err)
+		return
+	}
+	nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
+	g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
+	suffix := kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows)
+	perm := kern.GemmQPerm(f, suffix)
+	key := actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: perm, ok: true}
+	st.inGEMM = true
+	defer func() { st.inGEMM = false }()
+	if st.actq != key {
+		g.PackQuant(st.a(), perm)
+		cfg := kern.ActQuantLaunch(g.Cols, rows)
+		st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+	}
+	name, gcfg, err := kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
+	if err != nil {
+		st.fail(fmt.Errorf("cuda: %w", err))
+		return
+	}
+	if strings.HasPrefix(suffix, "_w") {
+		g.PackWide(st.a(), rows)
+	} else if len(g.More) > 0 {
+		st.fail(fmt.Errorf("cuda: stacked int8 GEMM on tile %s", name))
+		return
+	} else {
+		g.Pack(st.a(), rows)
+	}
+	st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
+	st.actq = key
+	total := int64(g.Rows)
+	for _, p := range g.More {
+		total += int64(p.Rows)
+	}
+	x, y := g.X, g.Y
+	if y < x+driver.DevicePtr(4*int64(rows)*int64(g.Ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(g.Ldy)) {
+		st.actq.ok = false // the GEMM wrote its own input (cannot happen for a projection; kept safe)
+	}
+}
+
+// stackable reports whether ms (q|k|v, gate|up) can run as one wide
+// int8 GEMM over rows rows written side by side: 8 < rows ≤ 64, the int8
+// GEMM on, all of one format (q8_row or q4tp) and width.
+func (st *state) stackable(rows int, ms ...backend.Mat) bool {
+	if rows <= maxMatvecRows || rows > 64 || st.d.opt.NoMMQ || st.d.opt.NoFusion {
+		return false
+	}
+	m0 := ms[0].(*mat)
+	for _, w := range ms {
+		m := w.(*mat)
+		if m.dt != m0.dt || m.cols != m0.cols || (m.dt != quant.Q8Row && m.dt != quant.Q4TP) || !kern.GemmQSupported(m.dt, m.p, m.cols) {
+			return false
+		}
+	}
+	return true
+}
+
+// gemmqStack queues y[:, Σ rows] = [W_0; W_1; ...]·x for the stacked
+// tensors ms with their biases (one wide launch).
+func (st *state) gemmqStack(ms []backend.Mat, biases []driver.DevicePtr, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy, rows int) {
+	m0 := ms[0].(*mat)
+	g := kern.GemmQ{W: m0.p, Rows: m0.rows, Cols: m0.cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Bias: biases[0]}
+	for j, w := range ms[1:] {
+		g.More = append(g.More, kern.GemmQPart{W: w.(*mat).p, Rows: w.(*mat).rows, Bias: biases[j+1]})
+	}
+	st.gemmq(g, m0.dt, rows)
 }
 
 // mq queues a quantized-activation matvec (kern.MQ) over rows activation
@@ -915,9 +967,13 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, &w.Norm, R)
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
-		st.mv(w.Q.(*mat), xb, H, dst, ldd, ptrOf(w.BQ), false, R)
-		st.mv(w.K.(*mat), xb, H, dst.Add(int64(4*qrows)), ldd, ptrOf(w.BK), false, R)
-		st.mv(w.V.(*mat), xb, H, dst.Add(int64(4*(qrows+kvd))), ldd, ptrOf(w.BV), false, R)
+		if st.stackable(R, w.Q, w.K, w.V) && w.Q.(*mat).rows == qrows && w.K.(*mat).rows == kvd {
+			st.gemmqStack([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, xb, H, dst, ldd, R)
+		} else {
+			st.mv(w.Q.(*mat), xb, H, dst, ldd, ptrOf(w.BQ), false, R)
+			st.mv(w.K.(*mat), xb, H, dst.Add(int64(4*qrows)), ldd, ptrOf(w.BK), false, R)
+			st.mv(w.V.(*mat), xb, H, dst.Add(int64(4*(qrows+kvd))), ldd, ptrOf(w.BV), false, R)
+		}
 	}
 	if w.Gated {
 		st.a().Ptr(dst).Int(ldd).Ptr(qkv).Int(ld).Ptr(gate).Int(qd).Int(nq).Int(hd).Int(2 * kvd)
@@ -1034,8 +1090,12 @@ func (st *state) MLP(w *backend.MLP) {
 		st.mvNorm([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, &w.Norm, R)
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
-		st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
-		st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
+		if st.stackable(R, w.Gate, w.Up) && w.Gate.(*mat).rows == I {
+			st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, xb, H, gu, 2*I, R)
+		} else {
+			st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
+			st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
+		}
 	}
 	if dn := w.Down.(*mat); st.fusable(w.Down) && dn.cols == I {
 		st.mq(dn.dt, kern.MQ{W: [3]driver.DevicePtr{dn.p}, Rows: [3]int{dn.rows}, Bias: [3]driver.DevicePtr{ptrOf(w.BDown)}, Cols: I,

@@ -431,24 +431,38 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s))
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
-		rows, cols, ldy, T := c.int(1), c.int(2), c.int(6), c.int(7)
 		fam := strings.Split(name, "_")[1]
-		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, rows, cols, T), rows, T)
+		suffix := strings.TrimPrefix(name, "gemmq_"+fam)
+		perm := kern.GemmQPerm(fam, suffix)
+		gq := fakeGemmQArgs(c, perm > 1)
+		cols, ldy, T, total := gq.cols, gq.ldy, gq.T, gq.total()
+		stacked := kern.GemmQ{Rows: gq.parts[0].rows}
+		for _, p := range gq.parts[1:] {
+			if p.rows > 0 {
+				stacked.More = append(stacked.More, kern.GemmQPart{Rows: p.rows})
+			}
+		}
+		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
 		q, s := kern.GemmQScratch(cols, T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
-			want(ldy >= rows && cols%32 == 0 && c.ptr(0)%16 == 0, "ld / alignment"),
-			f.span("W", c.ptr(0), weightBytes(fam, rows, cols)),
-			f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s), f.span("Y", c.ptr(5), rowsSpan(T, ldy, rows))}
-		if bias := c.ptr(8); bias != 0 {
-			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+			want(ldy >= total && cols%32 == 0, "ld"),
+			f.span("XQ", gq.xq, q), f.span("D", gq.d, s), f.span("Y", gq.y, rowsSpan(T, ldy, total))}
+		for j, p := range gq.parts {
+			if p.rows == 0 {
+				errs = append(errs, want(j > 0 && (j == 2 || gq.parts[2].rows == 0), "an empty part before a used one"))
+				continue
+			}
+			errs = append(errs, want(p.w%16 == 0, "alignment"), f.span("W", p.w, weightBytes(fam, p.rows, cols)))
+			if p.bias != 0 {
+				errs = append(errs, f.span("bias", p.bias, 4*int64(p.rows)))
+			}
 		}
 		// The quants must be this step's: the last gemmq_actq launched
-		// wrote them, over these T rows and columns.
-		if f.lastActQ == nil || f.lastActQ.ptr(3) != c.ptr(3) || f.lastActQ.ptr(4) != c.ptr(4) ||
-			f.lastActQ.int(2) != cols || int(f.lastActQ.cfg.Grid.Y) != T || f.lastActQ.int(5) != kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam)) {
-			errs = append(errs, fmt.Errorf("not preceded by a gemmq_actq of its quants (%d rows × %d, perm %d)", T, cols,
-				kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam))))
+		// wrote them, over these T rows and columns, in this tile's order.
+		if f.lastActQ == nil || f.lastActQ.ptr(3) != gq.xq || f.lastActQ.ptr(4) != gq.d ||
+			f.lastActQ.int(2) != cols || int(f.lastActQ.cfg.Grid.Y) != T || f.lastActQ.int(5) != perm {
+			errs = append(errs, fmt.Errorf("not preceded by a gemmq_actq of its quants (%d rows × %d, perm %d)", T, cols, perm))
 		}
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemm_"):

@@ -160,7 +160,7 @@ func emuGemmQWide(tl GemmQTile, q4 bool, W []byte, rows, cols int, xq []int8, d 
 								}
 							}
 						}
-						for kg := range gv {
+						for kg := range CG { // every group, as the kernel (zeros past the slice)
 							var fb [2][2][32]uint32
 							var rs [2][32][2]float32
 							for n := range 2 {

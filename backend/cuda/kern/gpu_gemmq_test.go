@@ -237,3 +237,92 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 		}
 	}
 }
+
+// TestGPUGemmQStacked: one wide launch over two or three tensors of one
+// width (q|k|v, gate|up: kern.GemmQ.More), rows 130, 37 and 256 (not
+// multiples of the 128-row tiles), T = 9, 33, 64, store and
+// bias+accumulate, each tensor's outputs in its own columns of Y against
+// float64 sums (TestGPUGemmQParity's tolerance), Y's padding untouched.
+func TestGPUGemmQStacked(t *testing.T) {
+	g := newGPU(t)
+	r := rng(23)
+	const cols = 1056
+	parts := []int{130, 37, 256}
+	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+		for _, np := range []int{2, 3} {
+			total := 0
+			var wds [][]float32
+			var dws, dbs []driver.DevicePtr
+			var biases [][]float32
+			for _, rows := range parts[:np] {
+				wb, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+				wds, dws = append(wds, wd), append(dws, g.upload(wb))
+				b := r.vec(rows, 0.1)
+				biases, dbs = append(biases, b), append(dbs, g.f32(b))
+				total += rows
+			}
+			const maxT = 64
+			ldx, ldy := cols+4, total+3
+			x := r.vec(maxT*ldx, 1)
+			dx := g.f32(x)
+			nq, ns := kern.GemmQScratch(cols, maxT)
+			dq, dd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
+			for _, T := range []int{9, 33, 64} {
+				for _, epi := range []string{"store", "bias+accumulate"} {
+					acc := epi != "store"
+					gq := kern.GemmQ{W: dws[0], Rows: parts[0], Cols: cols, X: dx, Ldx: ldx, Quants: dq, Scales: dd, Ldy: ldy, Accumulate: acc}
+					if acc {
+						gq.Bias = dbs[0]
+					}
+					for j := 1; j < np; j++ {
+						p := kern.GemmQPart{W: dws[j], Rows: parts[j]}
+						if acc {
+							p.Bias = dbs[j]
+						}
+						gq.More = append(gq.More, p)
+					}
+					y0 := r.vec((maxT+1)*ldy, 1)
+					gq.Y = g.f32(y0)
+					g.run(func(l *kern.Launcher) error { return l.GemmQ(dt, gq, T) })
+					got := g.readF32(gq.Y, (maxT+1)*ldy)
+					for ti := range maxT + 1 {
+						var xe []float64
+						if ti < T {
+							xe = kern.ActQuant(x[ti*ldx : ti*ldx+cols])
+						}
+						col := 0
+						for j, rows := range append(parts[:np:np], ldy-total) {
+							for o := range rows {
+								gv, y := got[ti*ldy+col+o], y0[ti*ldy+col+o]
+								if ti >= T || j == np {
+									if gv != y {
+										t.Fatalf("%s %d parts T=%d %s: y[%d][%d] outside the product written", dt, np, T, epi, ti, col+o)
+									}
+									continue
+								}
+								var want, mag float64
+								for k, v := range xe {
+									p := float64(wds[j][o*cols+k]) * v
+									want += p
+									mag += math.Abs(p)
+								}
+								if acc {
+									want += float64(biases[j][o]) + float64(y)
+									mag += math.Abs(float64(biases[j][o])) + math.Abs(float64(y))
+								}
+								if d := math.Abs(float64(gv) - want); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+									t.Fatalf("%s %d parts T=%d %s: part %d y[%d][%d] = %g, reference %g", dt, np, T, epi, j, ti, o, gv, want)
+								}
+							}
+							col += rows
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -165,7 +165,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 				}
 				for _, bm := range []string{"16", "32", "64"} {
 					for _, ks := range []string{"1", "2", "4", "8"} {
-						want["gemmq_"+f+"_w"+bm+"k"+ks] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
+						// (W0, W1, W2, rows0..2, cols, XQ, D, Y, ldy, T, b0..2, accumulate)
+						want["gemmq_"+f+"_w"+bm+"k"+ks] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
 					}
 				}
 				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)

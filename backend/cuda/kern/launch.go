@@ -502,6 +502,11 @@ type GemmQ struct {
 	Ldy            int
 	Bias           Ptr
 	Accumulate     bool
+	// More: up to two more tensors of the same format and width over the
+	// same activations (q|k|v, gate|up), their outputs Y's columns after
+	// Rows (then after Rows + More[0].Rows); only the wide tiles (T ≤ 64)
+	// take them.
+	More []GemmQPart
 	// ForceTile runs the tile of suffix Tile ("" the 128 × 128 one, "_t64",
 	// "_s16h", ...; GemmQTiles) instead of GemmQSuffix's choice (benchmarks
 	// and tests compare the tiles).
@@ -521,6 +526,39 @@ func (g GemmQ) Pack(a *driver.Args, T int) *driver.Args {
 		Ptr(g.Bias).Int(b2i(g.Accumulate))
 }
 
+// GemmQPart is one more tensor of a stacked GemmQ.
+type GemmQPart struct {
+	W    Ptr
+	Rows int
+	Bias Ptr
+}
+
+// parts is g's tensors, three of them (zero rows past the last).
+func (g GemmQ) parts() [3]GemmQPart {
+	p := [3]GemmQPart{{g.W, g.Rows, g.Bias}}
+	copy(p[1:], g.More)
+	return p
+}
+
+// StackedRows is the number of weight rows of g's tensors together, each
+// rounded up to the wide tiles' 128 (what a wide launch covers).
+func (g GemmQ) StackedRows() int {
+	n := 0
+	for _, p := range g.parts() {
+		n += (p.Rows + 127) / 128 * 128
+	}
+	return n
+}
+
+// PackWide packs into a the wide tiles' parameters (GEMMQW_PARAMS) for g
+// over T rows.
+func (g GemmQ) PackWide(a *driver.Args, T int) *driver.Args {
+	p := g.parts()
+	return a.Ptr(p[0].W).Ptr(p[1].W).Ptr(p[2].W).Int(p[0].Rows).Int(p[1].Rows).Int(p[2].Rows).Int(g.Cols).
+		Ptr(g.Quants).Ptr(g.Scales).Ptr(g.Y).Int(g.Ldy).Int(T).Ptr(p[0].Bias).Ptr(p[1].Bias).Ptr(p[2].Bias).
+		Int(b2i(g.Accumulate))
+}
+
 // Calls returns the two launches of g over T rows for format d (q8_2f: X
 // already prescaled).
 func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
@@ -528,18 +566,32 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < g.Rows {
-		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x) with %d rows", d, g.Rows, g.Cols, uint64(g.W), T)
+	total := g.Rows
+	for _, p := range g.More {
+		if !GemmQSupported(d, p.W, g.Cols) || p.Rows < 1 {
+			return nil, fmt.Errorf("kern: int8 gemm %s part %d×%d (W at %#x)", d, p.Rows, g.Cols, uint64(p.W))
+		}
+		total += p.Rows
 	}
-	suffix := GemmQSuffix(fam, g.Rows, g.Cols, T)
+	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < total || len(g.More) > 2 {
+		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x, %d more) with %d rows", d, g.Rows, g.Cols, uint64(g.W), len(g.More), T)
+	}
+	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
 	if g.ForceTile {
 		suffix = g.Tile
 	}
-	qa, ga := g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix)), g.Pack(new(driver.Args), T)
+	if len(g.More) > 0 && !strings.HasPrefix(suffix, "_w") {
+		return nil, fmt.Errorf("kern: int8 gemm tile gemmq_%s%s over %d stacked tensors (only the wide tiles take them)", fam, suffix, 1+len(g.More))
+	}
+	qa := g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix))
 	cfg := ActQuantLaunch(g.Cols, T)
-	name, gcfg, err := GemmQLaunch(fam, suffix, g.Rows, T)
+	name, gcfg, err := GemmQLaunch(fam, suffix, g.StackedRows(), T)
 	if err != nil {
 		return nil, err
+	}
+	ga := g.Pack(new(driver.Args), T)
+	if strings.HasPrefix(suffix, "_w") {
+		ga = g.PackWide(new(driver.Args), T)
 	}
 	return []call{{"gemmq_actq", cfg, qa}, {name, gcfg, ga}}, nil
 }

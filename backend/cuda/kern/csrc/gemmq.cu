@@ -627,10 +627,12 @@ GEMMQ_SMALL(q8row_s64h, GQSQ8, 64, 32, 2, 4, 8, 7)
 // loads) and, for q4tp, each row's two aligned code words around the
 // chunk's first code (CG = 8: 40 bits from a byte boundary). Each warp
 // turns its 16 rows' codes into rungs (a lane per row and 4 groups) in a
-// buffer of its own after the stage lands. Scales sit [kg][g][i][u] for
+// buffer of its own after the stage lands. Up to three tensors of one
+// width (q|k|v, gate|up) share a launch: blocks take 128-row tiles of W0,
+// then W1, then W2, writing Y's columns in that order. Scales sit [kg][g][i][u] for
 // token 16i + 8u + g, so that a lane loads its 2·FT with one or two vector
 // loads. Launch: block 256, dynamic
-// shared memory kern.GemmQWideTile.Shared, parameters as the other tiles.
+// shared memory kern.GemmQTile.Shared, parameters GEMMQW_PARAMS.
 
 __device__ __forceinline__ void gq_cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
@@ -675,10 +677,11 @@ struct GQWQ8 {
 };
 
 template <class F, int FT, int KS, int NS>
-__device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int rows, int cols,
+__device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                           const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const int8_t* __restrict__ XQ, const float* __restrict__ D,
-                                           float* __restrict__ Y, int ldy, int T, const float* __restrict__ bias,
-                                           int accumulate) {
+                                           float* __restrict__ Y, int ldy, int T, const float* __restrict__ b0,
+                                           const float* __restrict__ b1, const float* __restrict__ b2, int accumulate) {
   constexpr int CG = 8, BM = 16 * FT, BN = 128;
   constexpr int LDA = CG * 32 + 16, LDB = CG * F::kWB + F::kPad, LDR = BN + 4;
   constexpr int OFF_D = BM * LDA, OFF_W = OFF_D + CG * BM * 4, OFF_C = OFF_W + BN * LDB;
@@ -694,7 +697,16 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int ro
   float* const rb = reinterpret_cast<float*>(sm + NS * STAGE);  // q4tp: [warp][kg][16] rungs
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
-  const int o0 = blockIdx.x * BN, ks = blockIdx.y, t0 = blockIdx.z * BM, wr = 16 * warp;
+  // The block's segment (uniform): tiles of W0, then W1, then W2; its
+  // outputs are Y's columns rows0 + ... + o.
+  const int n0 = (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
+  const int seg = bx < n0 ? 0 : bx < n0 + n1 ? 1 : 2;
+  const uint8_t* __restrict__ W = seg == 0 ? W0 : seg == 1 ? W1 : W2;
+  const int rows = seg == 0 ? rows0 : seg == 1 ? rows1 : rows2;
+  const float* __restrict__ bias = seg == 0 ? b0 : seg == 1 ? b1 : b2;
+  const int ycol = seg == 0 ? 0 : seg == 1 ? rows0 : rows0 + rows1;
+  const int o0 = (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
+  const int wr = 16 * warp;
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
   const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;  // this slice's chunks
   const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
@@ -702,41 +714,38 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int ro
 
   // Fixed copy slots: weight units (row tid/CWU + j·256/CWU, unit tid %
   // CWU), code words (row tid/2, word tid%2), activation units (row
-  // tid/16 + 16j, unit tid%16), scales (row tid/8 + 32j, group tid%8).
-  const uint8_t* srcW[UW];
-  int dstW[UW];
+  // tid/16 + 16j, unit tid%16), scales (row tid/8 + 32j, group tid%8):
+  // one base pointer each and 32-bit offsets from it (rows clamped to the
+  // last valid one), shared destinations at fixed strides.
   const int cw = tid % CWU, gw = cw * 16 / F::kWB;
+  const int rw0 = tid / CWU, ow0 = min(o0 + rw0, rows - 1);
+  const uint8_t* const srcW = F::row(W, cols, ow0) + (size_t)c0 * CG * F::kWB + cw * 16;
+  int offW[UW];
 #pragma unroll
-  for (int j = 0; j < UW; j++) {
-    const int r = tid / CWU + j * (GQ_THREADS / CWU);
-    srcW[j] = F::row(W, cols, min(o0 + r, rows - 1)) + (size_t)c0 * CG * F::kWB + cw * 16;
-    dstW[j] = OFF_W + r * LDB + cw * 16;
-  }
+  for (int j = 0; j < UW; j++)
+    offW[j] = (int)(F::row(W, cols, min(o0 + rw0 + j * (GQ_THREADS / CWU), rows - 1)) - F::row(W, cols, ow0));
+  const int dstW = OFF_W + rw0 * LDB + cw * 16;
   const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
-  const int ca = tid % 16;
-  const int8_t* srcA[UA];
-  int dstA[UA];
+  const int ca = tid % 16, ra0 = tid / 16, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
+  const int8_t* const srcA = XQ + (size_t)ta0 * cols + (size_t)c0 * CG * 32 + ca * 16;
+  int offA[UA];
 #pragma unroll
-  for (int j = 0; j < UA; j++) {
-    const int r = tid / 16 + 16 * j;
-    srcA[j] = XQ + (size_t)min(t0 + min(r, BM - 1), T - 1) * cols + (size_t)c0 * CG * 32 + ca * 16;
-    dstA[j] = r * LDA + ca * 16;
-  }
-  const int kd = tid % CG;
-  const float* srcD[UD];
-  int dstD[UD];
+  for (int j = 0; j < UA; j++) offA[j] = (min(t0 + min(ra0 + 16 * j, BM - 1), T - 1) - ta0) * cols;
+  const int dstA = ra0 * LDA + ca * 16;
+  const int kd = tid % CG, rd0 = tid / CG, td0 = min(t0 + min(rd0, BM - 1), T - 1);
+  const float* const srcD = D + (size_t)td0 * nb + (size_t)c0 * CG + kd;
+  int offD[UD];
 #pragma unroll
-  for (int j = 0; j < UD; j++) {
-    const int r = tid / CG + (GQ_THREADS / CG) * j;
-    srcD[j] = D + (size_t)min(t0 + min(r, BM - 1), T - 1) * nb + (size_t)c0 * CG + kd;
-    dstD[j] = OFF_D + (kd * BM + (r & 7) * 2 * FT + 2 * (r >> 4) + ((r >> 3) & 1)) * 4;  // [kg][g][i][u]
-  }
+  for (int j = 0; j < UD; j++) offD[j] = (min(t0 + min(rd0 + (GQ_THREADS / CG) * j, BM - 1), T - 1) - td0) * nb;
+  // [kg][g][i][u] for token r = 16i + 8u + g; rows 32 apart are 16 bytes apart.
+  const int dstD = OFF_D + (kd * BM + (rd0 & 7) * 2 * FT + 2 * (rd0 >> 4) + ((rd0 >> 3) & 1)) * 4;
   auto issueW = [&](int s) {  // stage s of the slice
     uint8_t* st = sm + (s % NS) * STAGE;
     const int gb = (c0 + s) * CG;
     const bool ok = gb + gw < nb;
+    const uint8_t* sw = srcW + (size_t)s * CG * F::kWB;
 #pragma unroll
-    for (int j = 0; j < UW; j++) gq_cp16(st + dstW[j], ok ? srcW[j] + (size_t)s * CG * F::kWB : W, ok);
+    for (int j = 0; j < UW; j++) gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? sw + offW[j] : W, ok);
     if (F::kRung) {
       const size_t a = ((cbase + 5 * (size_t)(c0 + s)) & ~(size_t)3) + 4 * (tid & 1);
       uint8_t* dst = st + OFF_C + (tid >> 1) * 8 + 4 * (tid & 1);
@@ -754,14 +763,16 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int ro
     uint8_t* st = sm + (s % NS) * STAGE;
     const int gb = (c0 + s) * CG;
     const bool oka = gb + ca / 2 < nb, okd = gb + kd < nb;
+    const int8_t* sa = srcA + (size_t)s * CG * 32;
+    const float* sd = srcD + (size_t)s * CG;
 #pragma unroll
     for (int j = 0; j < UA; j++)
       if (BM * CG * 2 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 2)
-        gq_cp16(st + dstA[j], oka ? srcA[j] + (size_t)s * CG * 32 : XQ, oka);
+        gq_cp16(st + dstA + 16 * j * LDA, oka ? sa + offA[j] : XQ, oka);
 #pragma unroll
     for (int j = 0; j < UD; j++)
       if (BM * CG >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG)
-        gq_cp4(st + dstD[j], okd ? srcD[j] + (size_t)s * CG : D, okd);
+        gq_cp4(st + dstD + 16 * j, okd ? sd + offD[j] : D, okd);
   };
   // q4tp: lane l's rung row (wr + l%16) and its ladder and code bytes.
   const int rr = lane & 15, rh = lane >> 4;
@@ -816,9 +827,14 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int ro
       }
       __syncwarp();
     }
-#pragma unroll
+    // Every group of the chunk, also past the slice's last one (its weights,
+    // quants, scales and rungs are zeros there, adding exact zeros): no
+    // branch between groups, so the compiler interleaves them (the 64-token
+    // tiles two (q4tp) or one (q8_row) at a time: more spill at 128
+    // registers with nvcc 11.8).
+    constexpr int KU = FT < 4 ? CG : F::kRung ? 2 : 1;
+#pragma unroll(KU)
     for (int kg = 0; kg < CG; kg++) {
-      if (kg >= gv) break;
       uint32_t fb[2][2];
       float2 rs[2];
 #pragma unroll
@@ -894,24 +910,41 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W, int ro
       sum.w += x.w;
     }
     if (t >= T) continue;
-    const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+    float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+    const int o = o0 + ol;
+    float* y = Y + (size_t)t * ldy + ycol + o;
+    if (o + 3 < rows && aligned16(y)) {  // one vector store (and load)
+      float4 prev = accumulate ? *reinterpret_cast<const float4*>(y) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float pv[4] = {prev.x, prev.y, prev.z, prev.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        sv[e] = sv[e] * F::scale(W, rows, cols, o + e) + (bias ? bias[o + e] : 0.0f);
+        if (accumulate) sv[e] += pv[e];
+      }
+      *reinterpret_cast<float4*>(y) = make_float4(sv[0], sv[1], sv[2], sv[3]);
+      continue;
+    }
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const int o = o0 + ol + e;
-      if (o >= rows) continue;
-      float val = sv[e] * F::scale(W, rows, cols, o) + (bias ? bias[o] : 0.0f);
-      float* y = Y + (size_t)t * ldy + o;
-      if (accumulate) val += *y;
-      *y = val;
+      if (o + e >= rows) continue;
+      float val = sv[e] * F::scale(W, rows, cols, o + e) + (bias ? bias[o + e] : 0.0f);
+      if (accumulate) val += y[e];
+      y[e] = val;
     }
   }
   if (KS > 1) gq_cluster_sync();  // no block leaves while another reads its partials
 }
 
 // name, format, FT (BM = 16·FT tokens), KS (the cluster), NS (kern.GemmQWideTiles mirrors these).
-#define GEMMQ_WIDE(name, F, FT, KS, NS)                                                                           \
-  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQ_PARAMS) { \
-    gemmq_wide<F, FT, KS, NS>(GEMMQ_ARGS);                                                                          \
+// Parameters (W0, W1, W2, rows0, rows1, rows2, cols, XQ, D, Y, ldy, T, b0, b1, b2, accumulate): up to three
+// tensors of one width over the same quants (q|k|v, gate|up), rows1 = rows2 = 0 for one.
+#define GEMMQW_PARAMS                                                                                             \
+  const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
+      int rows2, int cols, const int8_t *__restrict__ XQ, const float *__restrict__ D, float *__restrict__ Y, int ldy,  \
+      int T, const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
+#define GEMMQ_WIDE(name, F, FT, KS, NS)                                                                            \
+  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQW_PARAMS) { \
+    gemmq_wide<F, FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XQ, D, Y, ldy, T, b0, b1, b2, accumulate);     \
   }
 #define GEMMQ_WIDE_KS(fam, F, BM, FT, NS)       \
   GEMMQ_WIDE(fam##_w##BM##k1, F, FT, 1, NS)   \
