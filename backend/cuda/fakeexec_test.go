@@ -1145,7 +1145,10 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 // _s tiles' (W, rows, cols, XQ, D, Y, ldy, T, bias, accumulate) or the
 // wide tiles' (W0..2, rows0..2, cols, XQ, D, Y, ldy, T, b0..2, accumulate).
 type fakeGemmQ struct {
-	parts        [3]struct{ w, bias driver.DevicePtr; rows int }
+	parts [3]struct {
+		w, bias driver.DevicePtr
+		rows    int
+	}
 	cols, ldy, T int
 	xq, d, y     driver.DevicePtr
 	acc          bool
