@@ -91,6 +91,15 @@ type schedConfig struct {
 	PrefillSeqs  int // prefilling sequences per step
 	stepDelay    time.Duration
 	onToken      func(id string, at time.Time) // Config.onToken
+	onStep       func(stepInfo)                // Config.onStep
+}
+
+// stepInfo is what the scheduler tells Config.onStep after each step.
+type stepInfo struct {
+	start  time.Time     // the engine step began
+	engine time.Duration // the engine step took
+	rows   int           // sequences in the step
+	decode int           // of them, decoding rows (one token, past the first)
 }
 
 // scheduler runs continuous batching: every step is one batched engine
@@ -205,7 +214,7 @@ func (s *scheduler) run() {
 			}
 			continue
 		}
-		s.account(rows, toks, dt)
+		dec := s.account(rows, toks, dt)
 		s.draw(rows, logits)
 		for i, sl := range rows {
 			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
@@ -231,6 +240,9 @@ func (s *scheduler) run() {
 			}
 		}
 		s.gauges()
+		if s.cfg.onStep != nil {
+			s.cfg.onStep(stepInfo{start: t0, engine: dt, rows: len(rows), decode: dec})
+		}
 		if s.cfg.stepDelay > 0 {
 			time.Sleep(s.cfg.stepDelay)
 		}
@@ -500,8 +512,8 @@ func (s *scheduler) finish(sl *slot, reason string, err error) {
 	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)
 }
 
-// account records the step's throughput.
-func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) {
+// account records the step's throughput and returns its decoding rows.
+func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) int {
 	pre, dec := 0, 0
 	for i, sl := range rows {
 		if len(toks[i]) == 1 && sl.j.first {
@@ -520,6 +532,7 @@ func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) {
 	}
 	s.m.steps.Inc()
 	s.m.stepRows.Observe(float64(len(rows)))
+	return dec
 }
 
 func (s *scheduler) gauges() {

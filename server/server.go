@@ -41,6 +41,9 @@ type Config struct {
 	// with the request's id (X-Request-Id); the load test times tokens
 	// with it where no chunk carries them (no logprobs, empty text).
 	onToken func(id string, at time.Time)
+	// tests: called by the scheduler after every step (BenchmarkServeStep
+	// times the loop's period against the engine step with it).
+	onStep func(stepInfo)
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -116,7 +119,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken, onStep: s.cfg.onStep}, s.m)
 	if err != nil {
 		return err
 	}
