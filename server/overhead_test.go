@@ -193,9 +193,10 @@ func BenchmarkServeStep(b *testing.B) {
 	defer e.Close()
 	tap := newTokenTap()
 	steps := &stepLog{}
-	// Every prompt prefills in one step (PrefillSeqs), so that all
-	// streams decode together for most of the reply.
-	s := New(Config{Parallel: streams, Queue: streams, Ctx: ctxLen, PrefillSeqs: streams, ModelName: "m",
+	// The streams are admitted together (admitAt) and every prompt
+	// prefills in the same step (PrefillSeqs), so that all of them decode
+	// together through the reply.
+	s := New(Config{Parallel: streams, Queue: streams, Ctx: ctxLen, PrefillSeqs: streams, ModelName: "m", admitAt: streams,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), onToken: tap.record, onStep: steps.record})
 	if err := s.Attach(e); err != nil {
 		b.Fatal(err)
@@ -235,6 +236,9 @@ func BenchmarkServeStep(b *testing.B) {
 	prof.finish()
 	if len(srvAll) == 0 {
 		b.Fatal("no two consecutive server steps decoded all streams")
+	}
+	if ids := s.b.Load().sch.idSteps.Load(); (mode == withUsage) != (ids > 0) {
+		b.Fatalf("%v: %d server steps took the ids path", mode, ids)
 	}
 	eng, srv, in := median(engAll), median(srvAll), median(inLoop)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

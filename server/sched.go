@@ -92,6 +92,7 @@ type schedConfig struct {
 	stepDelay    time.Duration
 	onToken      func(id string, at time.Time) // Config.onToken
 	onStep       func(stepInfo)                // Config.onStep
+	admitAt      int                           // Config.admitAt
 }
 
 // stepInfo is what the scheduler tells Config.onStep after each step.
@@ -263,6 +264,9 @@ func (s *scheduler) reap() {
 func (s *scheduler) admit() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.queue) < s.cfg.admitAt && !s.busy() {
+		return // tests: start a wave together
+	}
 	q := s.queue[:0]
 	for _, j := range s.queue {
 		if j.ctx.Err() != nil {
@@ -290,6 +294,16 @@ func (s *scheduler) admit() {
 	clear(s.queue[len(q):])
 	s.queue = q
 	s.m.waiting.Set(float64(len(s.queue)))
+}
+
+// busy reports whether some slot runs a job.
+func (s *scheduler) busy() bool {
+	for _, sl := range s.slots {
+		if sl.j != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // commonPrefix is the reusable cached prefix: at most len(prompt)-1 tokens,

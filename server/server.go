@@ -44,6 +44,9 @@ type Config struct {
 	// tests: called by the scheduler after every step (BenchmarkServeStep
 	// times the loop's period against the engine step with it).
 	onStep func(stepInfo)
+	// tests: while every slot is free, admit nothing until this many
+	// requests wait (BenchmarkServeStep starts its 64 streams together).
+	admitAt int
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -119,7 +122,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken, onStep: s.cfg.onStep}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken, onStep: s.cfg.onStep, admitAt: s.cfg.admitAt}, s.m)
 	if err != nil {
 		return err
 	}
