@@ -55,9 +55,10 @@ func (j *job) logger() *slog.Logger {
 // event is one step of a job's output: a sampled token with the text that
 // became final, or the end.
 type event struct {
-	text  string
-	token *tokenInfo
-	done  bool
+	text   string
+	token  tokenInfo // when hasTok
+	hasTok bool
+	done   bool
 	// Set on the final event.
 	reason           string // stop, length, cancelled, error
 	err              error
@@ -77,9 +78,9 @@ type tokenInfo struct {
 type slot struct {
 	s       *engine.Session
 	j       *job
-	pending []int // prompt tokens still to prefill
-	next    int   // the sampled token to feed at the next step
-	used    int64 // admission counter of the last job (LRU among equals)
+	pending []int  // prompt tokens still to prefill
+	next    [1]int // the sampled token to feed at the next step
+	used    int64  // admission counter of the last job (LRU among equals)
 }
 
 // schedConfig sizes the scheduler.
@@ -122,18 +123,39 @@ type scheduler struct {
 	quit chan struct{}
 	done chan struct{}
 
-	// The loop's per-step buffers: which rows want logits, the ids (step);
-	// the rows to sample and what was drawn for each row (draw).
+	// The loop's per-step buffers: the step's sessions, tokens and slots
+	// (batch); which rows want logits, the ids (step); the rows to sample
+	// and what was drawn for each row (draw).
+	seqs       []*engine.Session
+	toks       [][]int
+	rows, pre  []*slot
 	want       []bool
 	next       []int
 	todo       []int
 	drawn      []drawn
 	idSteps    atomic.Int64 // steps that ran the ids path (tests)
 	mixedSteps atomic.Int64 // of them, steps that also brought logits back
+
+	// Events for the jobs' streams are collected in out during a loop
+	// iteration and handed to the publisher goroutine (pub) right before
+	// the next engine step, so that waking the streams' goroutines runs
+	// beside the step instead of between steps. One goroutine sends them
+	// all, in order: a job's events keep their order.
+	out     []outEvent
+	pub     chan []outEvent
+	spare   chan []outEvent // the publisher's emptied batches, reused
+	pubDone chan struct{}
+}
+
+// outEvent is an event on its way to a job's stream.
+type outEvent struct {
+	j  *job
+	ev event
 }
 
 func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
-	s := &scheduler{e: e, cfg: cfg, m: m, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	s := &scheduler{e: e, cfg: cfg, m: m, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		pub: make(chan []outEvent, 4), spare: make(chan []outEvent, 4), pubDone: make(chan struct{})}
 	for i := 0; i < cfg.Parallel; i++ {
 		ss, err := e.NewSession(cfg.Ctx)
 		if err != nil {
@@ -142,8 +164,42 @@ func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, er
 		s.slots = append(s.slots, &slot{s: ss})
 	}
 	m.kvCapacity.Set(float64(cfg.Parallel * cfg.Ctx))
+	go s.publish()
 	go s.run()
 	return s, nil
+}
+
+// send queues ev for j's stream (sent by flush).
+func (s *scheduler) send(j *job, ev event) { s.out = append(s.out, outEvent{j, ev}) }
+
+// flush hands the queued events to the publisher.
+func (s *scheduler) flush() {
+	if len(s.out) == 0 {
+		return
+	}
+	s.pub <- s.out
+	select {
+	case b := <-s.spare:
+		s.out = b[:0]
+	default:
+		s.out = nil
+	}
+}
+
+// publish sends the scheduler's events to the jobs' channels (each
+// buffered for all of its job's events: a send never blocks).
+func (s *scheduler) publish() {
+	defer close(s.pubDone)
+	for b := range s.pub {
+		for i, o := range b {
+			o.j.events <- o.ev
+			b[i] = outEvent{}
+		}
+		select {
+		case s.spare <- b:
+		default:
+		}
+	}
 }
 
 // submit queues j; a full queue or a closing scheduler is an error.
@@ -185,6 +241,11 @@ func (s *scheduler) close() {
 
 func (s *scheduler) run() {
 	defer close(s.done)
+	defer func() {
+		s.flush()
+		close(s.pub)
+		<-s.pubDone
+	}()
 	for {
 		select {
 		case <-s.quit:
@@ -195,6 +256,7 @@ func (s *scheduler) run() {
 		s.reap()
 		s.admit()
 		seqs, toks, rows := s.batch()
+		s.flush() // the last step's tokens go out while this one runs
 		if len(rows) == 0 {
 			s.gauges()
 			select {
@@ -205,7 +267,8 @@ func (s *scheduler) run() {
 		}
 		t0 := time.Now()
 		logits, err := s.step(seqs, toks, rows)
-		dt := time.Since(t0)
+		t1 := time.Now()
+		dt := t1.Sub(t0)
 		if err != nil {
 			slog.Error("batched step failed", "err", err, "sequences", len(rows))
 			for _, sl := range rows {
@@ -231,13 +294,13 @@ func (s *scheduler) run() {
 				continue // prompt not finished: no token yet
 			}
 			if logits[i] == nil {
-				s.emitNext(sl, sample.Result{Token: int32(s.next[i])})
+				s.emitNext(sl, sample.Result{Token: int32(s.next[i])}, t1)
 				continue
 			}
 			if d := s.drawn[i]; d.err != nil {
 				s.finish(sl, "error", fmt.Errorf("server: sampling: %w", d.err))
 			} else {
-				s.emitNext(sl, d.r)
+				s.emitNext(sl, d.r, t1)
 			}
 		}
 		s.gauges()
@@ -270,7 +333,7 @@ func (s *scheduler) admit() {
 	q := s.queue[:0]
 	for _, j := range s.queue {
 		if j.ctx.Err() != nil {
-			j.events <- event{done: true, reason: "cancelled", err: j.ctx.Err(), promptTokens: len(j.prompt)}
+			s.send(j, event{done: true, reason: "cancelled", err: j.ctx.Err(), promptTokens: len(j.prompt)})
 			continue
 		}
 		best, bestKeep := (*slot)(nil), -1
@@ -288,7 +351,7 @@ func (s *scheduler) admit() {
 			continue
 		}
 		if err := s.start(best, j); err != nil {
-			j.events <- event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)}
+			s.send(j, event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)})
 		}
 	}
 	clear(s.queue[len(q):])
@@ -351,15 +414,16 @@ func (s *scheduler) start(sl *slot, j *job) error {
 // chunk for at most PrefillSeqs prefilling slots (oldest admission first),
 // so a long prompt is spread over several steps and decoding goes on.
 func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
-	var seqs []*engine.Session
-	var toks [][]int
-	var rows []*slot
-	var pre []*slot
+	clear(s.seqs)
+	clear(s.toks)
+	clear(s.rows)
+	clear(s.pre)
+	seqs, toks, rows, pre := s.seqs[:0], s.toks[:0], s.rows[:0], s.pre[:0]
 	for _, sl := range s.slots {
 		switch {
 		case sl.j == nil:
 		case len(sl.pending) == 0:
-			seqs, toks, rows = append(seqs, sl.s), append(toks, []int{sl.next}), append(rows, sl)
+			seqs, toks, rows = append(seqs, sl.s), append(toks, sl.next[:]), append(rows, sl)
 		default:
 			pre = append(pre, sl)
 		}
@@ -384,6 +448,7 @@ func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
 		seqs, toks, rows = append(seqs, sl.s), append(toks, sl.pending[:n]), append(rows, sl)
 		sl.pending = sl.pending[n:]
 	}
+	s.seqs, s.toks, s.rows, s.pre = seqs, toks, rows, pre
 	return seqs, toks, rows
 }
 
@@ -464,13 +529,12 @@ func (s *scheduler) draw(rows []*slot, logits [][]float32) {
 
 // emitNext streams a slot's next token and either queues it for the next
 // step or ends the job.
-func (s *scheduler) emitNext(sl *slot, r sample.Result) {
+func (s *scheduler) emitNext(sl *slot, r sample.Result, now time.Time) {
 	j := sl.j
 	j.sm.Accept(r.Token)
 	if j.cons != nil {
 		j.cons.accept(int(r.Token))
 	}
-	now := time.Now()
 	if !j.first {
 		j.first = true
 		s.m.ttft.Observe(now.Sub(j.enqueued).Seconds())
@@ -489,11 +553,11 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 		piece = j.dec.Push(tok)
 	}
 	out, why := j.stop.Push(r.Token, piece)
-	info := &tokenInfo{id: r.Token, logprob: r.LogProb}
+	info := tokenInfo{id: r.Token, logprob: r.LogProb}
 	if len(r.TopLogProbs) > 0 {
 		info.top = append([]sample.TokenLogProb(nil), r.TopLogProbs...)
 	}
-	j.events <- event{text: out, token: info}
+	s.send(j, event{text: out, token: info, hasTok: true})
 	switch {
 	case why != sample.NotStopped:
 		s.finish(sl, "stop", nil)
@@ -503,11 +567,11 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 			tail += j.dec.Flush()
 		}
 		if tail != "" {
-			j.events <- event{text: tail}
+			s.send(j, event{text: tail})
 		}
 		s.finish(sl, "length", nil)
 	default:
-		sl.next = tok
+		sl.next[0] = tok
 	}
 }
 
@@ -521,7 +585,7 @@ func (s *scheduler) finish(sl *slot, reason string, err error) {
 			j.logger().Warn("state snapshot failed", "err", err)
 		}
 	}
-	j.events <- event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen}
+	s.send(j, event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen})
 	sl.j, sl.pending = nil, nil
 	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)
 }
@@ -565,7 +629,7 @@ func (s *scheduler) gauges() {
 func (s *scheduler) shutdown() {
 	s.mu.Lock()
 	for _, j := range s.queue {
-		j.events <- event{done: true, reason: "cancelled", err: errClosed, promptTokens: len(j.prompt)}
+		s.send(j, event{done: true, reason: "cancelled", err: errClosed, promptTokens: len(j.prompt)})
 	}
 	s.queue = nil
 	s.mu.Unlock()
