@@ -95,7 +95,7 @@ func streamTimes(ctx context.Context, url string, prompt []int, n int, mode load
 		return start, nil, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var lastChunk time.Time
 	used := -1
 	for sc.Scan() {
@@ -117,7 +117,7 @@ func streamTimes(ctx context.Context, url string, prompt []int, n int, mode load
 			var u struct {
 				Usage *usage `json:"usage"`
 			}
-			if data != "[DONE]" && json.Unmarshal([]byte(data), &u) == nil && u.Usage != nil {
+			if strings.Contains(data, `"usage"`) && json.Unmarshal([]byte(data), &u) == nil && u.Usage != nil {
 				used = u.Usage.CompletionTokens
 			}
 		}

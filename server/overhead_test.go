@@ -18,7 +18,9 @@ import (
 	"github.com/cortiq/cortiq/backend/cuda"
 	"github.com/cortiq/cortiq/engine"
 	"github.com/cortiq/cortiq/quant"
+	"github.com/cortiq/cortiq/sample"
 	"github.com/cortiq/cortiq/synth"
+	"github.com/cortiq/cortiq/tokenizer"
 )
 
 var (
@@ -111,10 +113,15 @@ func median(d []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// maxStepRows bounds the rows of one step in BenchmarkServeStep (a CUDA
+// device is opened for 512).
+const maxStepRows = 512
+
 // engineSteps decodes newTok tokens in each of the sessions together from
-// the prompts (one StepNext for the prompts, then one per token, each
-// sequence's greedy id fed back, as a greedy server step runs) and returns
-// the time of each decode step.
+// the prompts (StepNext over the prompts, as many at a time as fit
+// maxStepRows, then one StepNext per token, each sequence's greedy id fed
+// back, as a greedy server step runs) and returns the time of each decode
+// step.
 func engineSteps(tb testing.TB, e *engine.Engine, ss []*engine.Session, prompts [][]int, newTok int) []time.Duration {
 	tb.Helper()
 	next := make([]int, len(ss))
@@ -122,8 +129,12 @@ func engineSteps(tb testing.TB, e *engine.Engine, ss []*engine.Session, prompts 
 	for _, s := range ss {
 		s.Reset()
 	}
-	if _, err := e.StepNext(ss, prompts, nil, next); err != nil {
-		tb.Fatal(err)
+	per := max(1, maxStepRows/len(prompts[0]))
+	for a := 0; a < len(ss); a += per {
+		b := min(a+per, len(ss))
+		if _, err := e.StepNext(ss[a:b], prompts[a:b], nil, next[a:b]); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	var dts []time.Duration
 	for range newTok - 1 {
@@ -193,10 +204,13 @@ func BenchmarkServeStep(b *testing.B) {
 	defer e.Close()
 	tap := newTokenTap()
 	steps := &stepLog{}
-	// The streams are admitted together (admitAt) and every prompt
-	// prefills in the same step (PrefillSeqs), so that all of them decode
-	// together through the reply.
-	s := New(Config{Parallel: streams, Queue: streams, Ctx: ctxLen, PrefillSeqs: streams, ModelName: "m", admitAt: streams,
+	// The streams are admitted together (admitAt) and as many prompts
+	// prefill in one step as fit maxStepRows beside the decode rows
+	// (PrefillSeqs), so that all of them decode together through most of
+	// the reply.
+	chunk := min(promptLen, 256)
+	pre := max(1, (maxStepRows-streams)/chunk)
+	s := New(Config{Parallel: streams, Queue: streams, Ctx: ctxLen, PrefillChunk: chunk, PrefillSeqs: pre, ModelName: "m", admitAt: streams,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), onToken: tap.record, onStep: steps.record})
 	if err := s.Attach(e); err != nil {
 		b.Fatal(err)
@@ -309,4 +323,42 @@ func (p *profiles) finish() {
 	}
 	runtime.SetMutexProfileFraction(0)
 	runtime.SetBlockProfileRate(0)
+}
+
+// BenchmarkEmitToken times the scheduler's serial work for one decoded
+// row after a step (emitNext: sampler history, detokenization, stop check,
+// metrics, queueing the event; the publisher's send is not in it) on the
+// fixture's Qwen3 tokenizer; ×64 it is the loop's token share of a
+// 64-stream step.
+func BenchmarkEmitToken(b *testing.B) {
+	e := openFixture(b)
+	s := &scheduler{e: e, m: newMetrics()}
+	ss, err := e.NewSession(64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ss.Close()
+	ids, err := e.Encode("The quick brown fox jumps over the lazy dog, again and again, until the night falls.", false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	newJob := func() *job {
+		j := &job{ctx: context.Background(), prompt: []int{1}, max: b.N + 1, ignoreEOS: true}
+		sm, err := sample.New(sample.Params{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		j.sm, j.stop, j.dec, j.first = sm, sample.NewStopChecker(nil, nil), tokenizer.NewDecoder(e.Tok), true
+		return j
+	}
+	sl := &slot{s: ss, j: newJob()}
+	now := time.Now()
+	b.ResetTimer()
+	for i := range b.N {
+		s.emitNext(sl, sample.Result{Token: int32(ids[i%len(ids)])}, now)
+		if len(s.out) >= 64 {
+			s.out = s.out[:0] // what flush hands over each step
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)*64/1e3, "us/64-row-step")
 }
