@@ -308,6 +308,7 @@ func (s *scheduler) run() {
 			s.cfg.onStep(stepInfo{start: t0, engine: dt, rows: len(rows), decode: dec})
 		}
 		if s.cfg.stepDelay > 0 {
+			s.flush() // tests: the step's tokens go out before the pause
 			time.Sleep(s.cfg.stepDelay)
 		}
 	}
