@@ -329,6 +329,12 @@ func TestLoadDecodeScaling(t *testing.T) {
 	// One request first, untimed: the first steps page the weights in and
 	// (on a GPU) record the step graphs.
 	runLoad(t, ts.URL, 1, 1, promptLen, min(newTok, 4), withUsage, tap)
+	if os.Getenv("CORTIQ_LOAD_FULL") != "" {
+		// And one wave of 64, untimed, so that the 64-row decode step's
+		// graph is recorded before the timed wave (else its eager step and
+		// capture fall inside that wave's steady window).
+		runLoad(t, ts.URL, 64, 64, promptLen, newTok, withUsage, tap)
+	}
 	repeat := 1 // CORTIQ_LOAD_REPEAT: rounds of the variants, interleaved
 	if v := os.Getenv("CORTIQ_LOAD_REPEAT"); v != "" {
 		fmt.Sscan(v, &repeat)
