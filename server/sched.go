@@ -147,10 +147,12 @@ type scheduler struct {
 	pubDone chan struct{}
 }
 
-// outEvent is an event on its way to a job's stream.
+// outEvent is an event on its way to a job's stream; a token's carries
+// the time it was made (for Config.onToken).
 type outEvent struct {
 	j  *job
 	ev event
+	at time.Time
 }
 
 func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
@@ -170,7 +172,7 @@ func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, er
 }
 
 // send queues ev for j's stream (sent by flush).
-func (s *scheduler) send(j *job, ev event) { s.out = append(s.out, outEvent{j, ev}) }
+func (s *scheduler) send(j *job, ev event) { s.out = append(s.out, outEvent{j: j, ev: ev}) }
 
 // flush hands the queued events to the publisher.
 func (s *scheduler) flush() {
@@ -192,6 +194,9 @@ func (s *scheduler) publish() {
 	defer close(s.pubDone)
 	for b := range s.pub {
 		for i, o := range b {
+			if o.ev.hasTok && s.cfg.onToken != nil {
+				s.cfg.onToken(o.j.id, o.at) // tests, off the loop
+			}
 			o.j.events <- o.ev
 			b[i] = outEvent{}
 		}
@@ -543,9 +548,6 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result, now time.Time) {
 		s.m.itl.Observe(now.Sub(j.lastTok).Seconds())
 	}
 	j.lastTok = now
-	if s.cfg.onToken != nil {
-		s.cfg.onToken(j.id, now)
-	}
 	j.gen++
 	s.m.completionTokens.Inc()
 	tok := int(r.Token)
@@ -558,7 +560,7 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result, now time.Time) {
 	if len(r.TopLogProbs) > 0 {
 		info.top = append([]sample.TokenLogProb(nil), r.TopLogProbs...)
 	}
-	s.send(j, event{text: out, token: info, hasTok: true})
+	s.out = append(s.out, outEvent{j: j, ev: event{text: out, token: info, hasTok: true}, at: now})
 	switch {
 	case why != sample.NotStopped:
 		s.finish(sl, "stop", nil)

@@ -37,7 +37,8 @@ type Config struct {
 
 	stepDelay time.Duration // tests: a pause after every step, to make streams long
 	forceText string        // tests: every reply is exactly this text (see forcedTokens)
-	// tests: called by the scheduler as each token goes to its stream,
+	// tests: called (by the scheduler's publisher, with the time the step
+	// that made it ended) as each token goes to its stream,
 	// with the request's id (X-Request-Id); the load test times tokens
 	// with it where no chunk carries them (no logprobs, empty text).
 	onToken func(id string, at time.Time)
