@@ -177,6 +177,10 @@ func engineSteps(tb testing.TB, e *engine.Engine, ss []*engine.Session, prompts 
 // CORTIQ_SERVE_PPROF=PREFIX writes PREFIX.cpu, PREFIX.mutex and
 // PREFIX.block profiles of the server rounds only.
 //
+// CORTIQ_LOAD_MODE=logprobs makes the server's requests ask for logprobs
+// (every row's logits to the host, sampled there) while the engine side
+// stays on ids: the ratio then also holds the logits path.
+//
 // The model is a synthesized tiny_llama (a step of some tens of
 // microseconds, so the server's share shows) unless CORTIQ_LOAD_MODEL
 // names one; CORTIQ_LOAD_DEVICE=cuda runs it on the GPU.
