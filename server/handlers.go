@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -376,30 +377,68 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 		writeError(w, e)
 		return
 	}
-	// Fan the jobs' events into one channel, tagged with the choice index.
+	// The jobs' events, tagged with the choice index: one job's channel is
+	// read directly; several are fanned into one channel.
 	type tagged struct {
 		i  int
 		ev event
 	}
-	all := make(chan tagged, 16)
-	for i, j := range jobs {
-		go func() {
-			for {
-				select {
-				case ev := <-j.events:
+	var all chan tagged
+	if len(jobs) > 1 {
+		all = make(chan tagged, 16)
+		for i, j := range jobs {
+			go func() {
+				for {
 					select {
-					case all <- tagged{i, ev}:
+					case ev := <-j.events:
+						select {
+						case all <- tagged{i, ev}:
+						case <-ctx.Done():
+							return
+						}
+						if ev.done {
+							return
+						}
 					case <-ctx.Done():
 						return
 					}
-					if ev.done {
-						return
-					}
-				case <-ctx.Done():
-					return
 				}
+			}()
+		}
+	}
+	// poll returns the next event if one is ready; wait blocks for it (ok
+	// false: the request's context ended first).
+	poll := func() (tagged, bool) {
+		if all == nil {
+			select {
+			case ev := <-jobs[0].events:
+				return tagged{0, ev}, true
+			default:
+				return tagged{}, false
 			}
-		}()
+		}
+		select {
+		case t := <-all:
+			return t, true
+		default:
+			return tagged{}, false
+		}
+	}
+	wait := func() (tagged, bool) {
+		if all == nil {
+			select {
+			case ev := <-jobs[0].events:
+				return tagged{0, ev}, true
+			case <-ctx.Done():
+				return tagged{}, false
+			}
+		}
+		select {
+		case t := <-all:
+			return t, true
+		case <-ctx.Done():
+			return tagged{}, false
+		}
 	}
 	id := "cmpl-" + randomHex(24)
 	if p.chat {
@@ -426,10 +465,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 	pending := p.n
 	var use usage
 	for pending > 0 {
-		var t tagged
-		select {
-		case t = <-all:
-		case <-ctx.Done():
+		// Chunks are written as their events come and flushed once no
+		// further event is ready: a stream that fell behind by several
+		// tokens catches up in one write to the connection.
+		t, ok := poll()
+		if !ok {
+			sse.flush()
+			t, ok = wait()
+		}
+		if !ok {
 			if r.Context().Err() == nil && p.stream {
 				// Cancelled by the server (shutdown grace over): end cleanly.
 				sse.error(&apiError{status: http.StatusServiceUnavailable, Message: "the server is shutting down; the response was cut short", Type: "server_error"})
@@ -472,7 +516,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, b *backend, p *plan
 				d.content = ev.text
 			}
 		}
-		s.emit(sse, p, id, created, t.i, c, d, ev.token, false)
+		var tok *tokenInfo
+		if ev.hasTok {
+			tok = &ev.token
+		}
+		s.emit(sse, p, id, created, t.i, c, d, tok, false)
 	}
 	use.TotalTokens = use.PromptTokens + use.CompletionTokens
 	reqLog(r).Info("generated", "choices", p.n, "prompt_tokens", use.PromptTokens, "cached_tokens", use.PromptTokensDetails.CachedTokens,
@@ -530,8 +578,8 @@ func (s *Server) emit(sse *sseWriter, p *plan, id string, created int64, i int, 
 	c.text.WriteString(d.content)
 	c.reasoning.WriteString(d.reasoning)
 	c.calls = append(c.calls, d.calls...)
-	if tok != nil {
-		c.toks = append(c.toks, *tok)
+	if tok != nil && p.logprobs && !p.stream {
+		c.toks = append(c.toks, *tok) // for the whole response's logprobs
 	}
 	if !p.stream {
 		return
@@ -627,26 +675,46 @@ func (s *Server) completionLogprobs(b *backend, toks []tokenInfo, off int) *comp
 	return lp
 }
 
-// sseWriter writes server-sent events and flushes each.
+// sseWriter writes server-sent events; flush (and done) send what was
+// written to the client.
 type sseWriter struct {
 	w      http.ResponseWriter
 	rc     *http.ResponseController
+	buf    bytes.Buffer // one event, reused
+	enc    *json.Encoder
 	failed bool
+	dirty  bool // written since the last flush
 }
 
+// send writes v as one event (not flushed).
 func (s *sseWriter) send(v any) {
 	if s.failed {
 		return
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
+	if s.enc == nil {
+		s.enc = json.NewEncoder(&s.buf)
+	}
+	s.buf.Reset()
+	s.buf.WriteString("data: ")
+	// Encode writes what json.Marshal gives, then a newline.
+	if err := s.enc.Encode(v); err != nil {
 		s.failed = true
 		return
 	}
-	if _, err := fmt.Fprintf(s.w, "data: %s\n\n", b); err != nil {
+	s.buf.WriteByte('\n')
+	if _, err := s.w.Write(s.buf.Bytes()); err != nil {
 		s.failed = true
 		return
 	}
+	s.dirty = true
+}
+
+// flush sends the events written since the last flush.
+func (s *sseWriter) flush() {
+	if s.failed || !s.dirty {
+		return
+	}
+	s.dirty = false
 	s.rc.Flush()
 }
 
@@ -659,10 +727,12 @@ func (s *sseWriter) error(e *apiError) {
 	}{e})
 }
 
+// done writes the end of the stream and flushes.
 func (s *sseWriter) done() {
 	if s.failed {
 		return
 	}
 	fmt.Fprint(s.w, "data: [DONE]\n\n")
-	s.rc.Flush()
+	s.dirty = true
+	s.flush()
 }

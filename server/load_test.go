@@ -95,7 +95,7 @@ func streamTimes(ctx context.Context, url string, prompt []int, n int, mode load
 		return start, nil, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var lastChunk time.Time
 	used := -1
 	for sc.Scan() {
@@ -117,7 +117,7 @@ func streamTimes(ctx context.Context, url string, prompt []int, n int, mode load
 			var u struct {
 				Usage *usage `json:"usage"`
 			}
-			if data != "[DONE]" && json.Unmarshal([]byte(data), &u) == nil && u.Usage != nil {
+			if strings.Contains(data, `"usage"`) && json.Unmarshal([]byte(data), &u) == nil && u.Usage != nil {
 				used = u.Usage.CompletionTokens
 			}
 		}
@@ -329,6 +329,12 @@ func TestLoadDecodeScaling(t *testing.T) {
 	// One request first, untimed: the first steps page the weights in and
 	// (on a GPU) record the step graphs.
 	runLoad(t, ts.URL, 1, 1, promptLen, min(newTok, 4), withUsage, tap)
+	if os.Getenv("CORTIQ_LOAD_FULL") != "" {
+		// And one wave of 64, untimed, so that the 64-row decode step's
+		// graph is recorded before the timed wave (else its eager step and
+		// capture fall inside that wave's steady window).
+		runLoad(t, ts.URL, 64, 64, promptLen, newTok, withUsage, tap)
+	}
 	repeat := 1 // CORTIQ_LOAD_REPEAT: rounds of the variants, interleaved
 	if v := os.Getenv("CORTIQ_LOAD_REPEAT"); v != "" {
 		fmt.Sscan(v, &repeat)

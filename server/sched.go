@@ -55,9 +55,10 @@ func (j *job) logger() *slog.Logger {
 // event is one step of a job's output: a sampled token with the text that
 // became final, or the end.
 type event struct {
-	text  string
-	token *tokenInfo
-	done  bool
+	text   string
+	token  tokenInfo // when hasTok
+	hasTok bool
+	done   bool
 	// Set on the final event.
 	reason           string // stop, length, cancelled, error
 	err              error
@@ -77,9 +78,9 @@ type tokenInfo struct {
 type slot struct {
 	s       *engine.Session
 	j       *job
-	pending []int // prompt tokens still to prefill
-	next    int   // the sampled token to feed at the next step
-	used    int64 // admission counter of the last job (LRU among equals)
+	pending []int  // prompt tokens still to prefill
+	next    [1]int // the sampled token to feed at the next step
+	used    int64  // admission counter of the last job (LRU among equals)
 }
 
 // schedConfig sizes the scheduler.
@@ -91,6 +92,16 @@ type schedConfig struct {
 	PrefillSeqs  int // prefilling sequences per step
 	stepDelay    time.Duration
 	onToken      func(id string, at time.Time) // Config.onToken
+	onStep       func(stepInfo)                // Config.onStep
+	admitAt      int                           // Config.admitAt
+}
+
+// stepInfo is what the scheduler tells Config.onStep after each step.
+type stepInfo struct {
+	start  time.Time     // the engine step began
+	engine time.Duration // the engine step took
+	rows   int           // sequences in the step
+	decode int           // of them, decoding rows (one token, past the first)
 }
 
 // scheduler runs continuous batching: every step is one batched engine
@@ -112,18 +123,41 @@ type scheduler struct {
 	quit chan struct{}
 	done chan struct{}
 
-	// The loop's per-step buffers: which rows want logits, the ids (step);
-	// the rows to sample and what was drawn for each row (draw).
+	// The loop's per-step buffers: the step's sessions, tokens and slots
+	// (batch); which rows want logits, the ids (step); the rows to sample
+	// and what was drawn for each row (draw).
+	seqs       []*engine.Session
+	toks       [][]int
+	rows, pre  []*slot
 	want       []bool
 	next       []int
 	todo       []int
 	drawn      []drawn
 	idSteps    atomic.Int64 // steps that ran the ids path (tests)
 	mixedSteps atomic.Int64 // of them, steps that also brought logits back
+
+	// Events for the jobs' streams are collected in out during a loop
+	// iteration and handed to the publisher goroutine (pub) right before
+	// the next engine step, so that waking the streams' goroutines runs
+	// beside the step instead of between steps. One goroutine sends them
+	// all, in order: a job's events keep their order.
+	out     []outEvent
+	pub     chan []outEvent
+	spare   chan []outEvent // the publisher's emptied batches, reused
+	pubDone chan struct{}
+}
+
+// outEvent is an event on its way to a job's stream; a token's carries
+// the time it was made (for Config.onToken).
+type outEvent struct {
+	j  *job
+	ev event
+	at time.Time
 }
 
 func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, error) {
-	s := &scheduler{e: e, cfg: cfg, m: m, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	s := &scheduler{e: e, cfg: cfg, m: m, wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
+		pub: make(chan []outEvent, 4), spare: make(chan []outEvent, 4), pubDone: make(chan struct{})}
 	for i := 0; i < cfg.Parallel; i++ {
 		ss, err := e.NewSession(cfg.Ctx)
 		if err != nil {
@@ -132,8 +166,45 @@ func newScheduler(e *engine.Engine, cfg schedConfig, m *metrics) (*scheduler, er
 		s.slots = append(s.slots, &slot{s: ss})
 	}
 	m.kvCapacity.Set(float64(cfg.Parallel * cfg.Ctx))
+	go s.publish()
 	go s.run()
 	return s, nil
+}
+
+// send queues ev for j's stream (sent by flush).
+func (s *scheduler) send(j *job, ev event) { s.out = append(s.out, outEvent{j: j, ev: ev}) }
+
+// flush hands the queued events to the publisher.
+func (s *scheduler) flush() {
+	if len(s.out) == 0 {
+		return
+	}
+	s.pub <- s.out
+	select {
+	case b := <-s.spare:
+		s.out = b[:0]
+	default:
+		s.out = nil
+	}
+}
+
+// publish sends the scheduler's events to the jobs' channels (each
+// buffered for all of its job's events: a send never blocks).
+func (s *scheduler) publish() {
+	defer close(s.pubDone)
+	for b := range s.pub {
+		for i, o := range b {
+			if o.ev.hasTok && s.cfg.onToken != nil {
+				s.cfg.onToken(o.j.id, o.at) // tests, off the loop
+			}
+			o.j.events <- o.ev
+			b[i] = outEvent{}
+		}
+		select {
+		case s.spare <- b:
+		default:
+		}
+	}
 }
 
 // submit queues j; a full queue or a closing scheduler is an error.
@@ -175,6 +246,11 @@ func (s *scheduler) close() {
 
 func (s *scheduler) run() {
 	defer close(s.done)
+	defer func() {
+		s.flush()
+		close(s.pub)
+		<-s.pubDone
+	}()
 	for {
 		select {
 		case <-s.quit:
@@ -185,6 +261,7 @@ func (s *scheduler) run() {
 		s.reap()
 		s.admit()
 		seqs, toks, rows := s.batch()
+		s.flush() // the last step's tokens go out while this one runs
 		if len(rows) == 0 {
 			s.gauges()
 			select {
@@ -195,7 +272,8 @@ func (s *scheduler) run() {
 		}
 		t0 := time.Now()
 		logits, err := s.step(seqs, toks, rows)
-		dt := time.Since(t0)
+		t1 := time.Now()
+		dt := t1.Sub(t0)
 		if err != nil {
 			slog.Error("batched step failed", "err", err, "sequences", len(rows))
 			for _, sl := range rows {
@@ -205,7 +283,7 @@ func (s *scheduler) run() {
 			}
 			continue
 		}
-		s.account(rows, toks, dt)
+		dec := s.account(rows, toks, dt)
 		s.draw(rows, logits)
 		for i, sl := range rows {
 			if iv := sl.s.SnapshotInterval(); iv > 0 && !sl.j.first {
@@ -221,17 +299,21 @@ func (s *scheduler) run() {
 				continue // prompt not finished: no token yet
 			}
 			if logits[i] == nil {
-				s.emitNext(sl, sample.Result{Token: int32(s.next[i])})
+				s.emitNext(sl, sample.Result{Token: int32(s.next[i])}, t1)
 				continue
 			}
 			if d := s.drawn[i]; d.err != nil {
 				s.finish(sl, "error", fmt.Errorf("server: sampling: %w", d.err))
 			} else {
-				s.emitNext(sl, d.r)
+				s.emitNext(sl, d.r, t1)
 			}
 		}
 		s.gauges()
+		if s.cfg.onStep != nil {
+			s.cfg.onStep(stepInfo{start: t0, engine: dt, rows: len(rows), decode: dec})
+		}
 		if s.cfg.stepDelay > 0 {
+			s.flush() // tests: the step's tokens go out before the pause
 			time.Sleep(s.cfg.stepDelay)
 		}
 	}
@@ -251,10 +333,13 @@ func (s *scheduler) reap() {
 func (s *scheduler) admit() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.queue) < s.cfg.admitAt && !s.busy() {
+		return // tests: start a wave together
+	}
 	q := s.queue[:0]
 	for _, j := range s.queue {
 		if j.ctx.Err() != nil {
-			j.events <- event{done: true, reason: "cancelled", err: j.ctx.Err(), promptTokens: len(j.prompt)}
+			s.send(j, event{done: true, reason: "cancelled", err: j.ctx.Err(), promptTokens: len(j.prompt)})
 			continue
 		}
 		best, bestKeep := (*slot)(nil), -1
@@ -272,12 +357,22 @@ func (s *scheduler) admit() {
 			continue
 		}
 		if err := s.start(best, j); err != nil {
-			j.events <- event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)}
+			s.send(j, event{done: true, reason: "error", err: err, promptTokens: len(j.prompt)})
 		}
 	}
 	clear(s.queue[len(q):])
 	s.queue = q
 	s.m.waiting.Set(float64(len(s.queue)))
+}
+
+// busy reports whether some slot runs a job.
+func (s *scheduler) busy() bool {
+	for _, sl := range s.slots {
+		if sl.j != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // commonPrefix is the reusable cached prefix: at most len(prompt)-1 tokens,
@@ -325,15 +420,16 @@ func (s *scheduler) start(sl *slot, j *job) error {
 // chunk for at most PrefillSeqs prefilling slots (oldest admission first),
 // so a long prompt is spread over several steps and decoding goes on.
 func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
-	var seqs []*engine.Session
-	var toks [][]int
-	var rows []*slot
-	var pre []*slot
+	clear(s.seqs)
+	clear(s.toks)
+	clear(s.rows)
+	clear(s.pre)
+	seqs, toks, rows, pre := s.seqs[:0], s.toks[:0], s.rows[:0], s.pre[:0]
 	for _, sl := range s.slots {
 		switch {
 		case sl.j == nil:
 		case len(sl.pending) == 0:
-			seqs, toks, rows = append(seqs, sl.s), append(toks, []int{sl.next}), append(rows, sl)
+			seqs, toks, rows = append(seqs, sl.s), append(toks, sl.next[:]), append(rows, sl)
 		default:
 			pre = append(pre, sl)
 		}
@@ -358,6 +454,7 @@ func (s *scheduler) batch() ([]*engine.Session, [][]int, []*slot) {
 		seqs, toks, rows = append(seqs, sl.s), append(toks, sl.pending[:n]), append(rows, sl)
 		sl.pending = sl.pending[n:]
 	}
+	s.seqs, s.toks, s.rows, s.pre = seqs, toks, rows, pre
 	return seqs, toks, rows
 }
 
@@ -438,13 +535,12 @@ func (s *scheduler) draw(rows []*slot, logits [][]float32) {
 
 // emitNext streams a slot's next token and either queues it for the next
 // step or ends the job.
-func (s *scheduler) emitNext(sl *slot, r sample.Result) {
+func (s *scheduler) emitNext(sl *slot, r sample.Result, now time.Time) {
 	j := sl.j
 	j.sm.Accept(r.Token)
 	if j.cons != nil {
 		j.cons.accept(int(r.Token))
 	}
-	now := time.Now()
 	if !j.first {
 		j.first = true
 		s.m.ttft.Observe(now.Sub(j.enqueued).Seconds())
@@ -452,9 +548,6 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 		s.m.itl.Observe(now.Sub(j.lastTok).Seconds())
 	}
 	j.lastTok = now
-	if s.cfg.onToken != nil {
-		s.cfg.onToken(j.id, now)
-	}
 	j.gen++
 	s.m.completionTokens.Inc()
 	tok := int(r.Token)
@@ -463,11 +556,11 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 		piece = j.dec.Push(tok)
 	}
 	out, why := j.stop.Push(r.Token, piece)
-	info := &tokenInfo{id: r.Token, logprob: r.LogProb}
+	info := tokenInfo{id: r.Token, logprob: r.LogProb}
 	if len(r.TopLogProbs) > 0 {
 		info.top = append([]sample.TokenLogProb(nil), r.TopLogProbs...)
 	}
-	j.events <- event{text: out, token: info}
+	s.out = append(s.out, outEvent{j: j, ev: event{text: out, token: info, hasTok: true}, at: now})
 	switch {
 	case why != sample.NotStopped:
 		s.finish(sl, "stop", nil)
@@ -477,11 +570,11 @@ func (s *scheduler) emitNext(sl *slot, r sample.Result) {
 			tail += j.dec.Flush()
 		}
 		if tail != "" {
-			j.events <- event{text: tail}
+			s.send(j, event{text: tail})
 		}
 		s.finish(sl, "length", nil)
 	default:
-		sl.next = tok
+		sl.next[0] = tok
 	}
 }
 
@@ -495,13 +588,13 @@ func (s *scheduler) finish(sl *slot, reason string, err error) {
 			j.logger().Warn("state snapshot failed", "err", err)
 		}
 	}
-	j.events <- event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen}
+	s.send(j, event{done: true, reason: reason, err: err, promptTokens: len(j.prompt), cachedTokens: j.cached, completionTokens: j.gen})
 	sl.j, sl.pending = nil, nil
 	j.logger().Debug("finished; slot freed", "reason", reason, "prompt", len(j.prompt), "cached", j.cached, "generated", j.gen)
 }
 
-// account records the step's throughput.
-func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) {
+// account records the step's throughput and returns its decoding rows.
+func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) int {
 	pre, dec := 0, 0
 	for i, sl := range rows {
 		if len(toks[i]) == 1 && sl.j.first {
@@ -520,6 +613,7 @@ func (s *scheduler) account(rows []*slot, toks [][]int, dt time.Duration) {
 	}
 	s.m.steps.Inc()
 	s.m.stepRows.Observe(float64(len(rows)))
+	return dec
 }
 
 func (s *scheduler) gauges() {
@@ -538,7 +632,7 @@ func (s *scheduler) gauges() {
 func (s *scheduler) shutdown() {
 	s.mu.Lock()
 	for _, j := range s.queue {
-		j.events <- event{done: true, reason: "cancelled", err: errClosed, promptTokens: len(j.prompt)}
+		s.send(j, event{done: true, reason: "cancelled", err: errClosed, promptTokens: len(j.prompt)})
 	}
 	s.queue = nil
 	s.mu.Unlock()

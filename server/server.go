@@ -37,10 +37,17 @@ type Config struct {
 
 	stepDelay time.Duration // tests: a pause after every step, to make streams long
 	forceText string        // tests: every reply is exactly this text (see forcedTokens)
-	// tests: called by the scheduler as each token goes to its stream,
+	// tests: called (by the scheduler's publisher, with the time the step
+	// that made it ended) as each token goes to its stream,
 	// with the request's id (X-Request-Id); the load test times tokens
 	// with it where no chunk carries them (no logprobs, empty text).
 	onToken func(id string, at time.Time)
+	// tests: called by the scheduler after every step (BenchmarkServeStep
+	// times the loop's period against the engine step with it).
+	onStep func(stepInfo)
+	// tests: while every slot is free, admit nothing until this many
+	// requests wait (BenchmarkServeStep starts its 64 streams together).
+	admitAt int
 }
 
 // Server serves the API. It answers /health with 503 until Attach gives it
@@ -116,7 +123,7 @@ func (s *Server) Attach(e *engine.Engine) error {
 		ctx = mp
 		s.cfg.Ctx = ctx
 	}
-	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken}, s.m)
+	sch, err := newScheduler(e, schedConfig{Parallel: s.cfg.Parallel, Ctx: ctx, Queue: s.cfg.Queue, PrefillChunk: s.cfg.PrefillChunk, PrefillSeqs: s.cfg.PrefillSeqs, stepDelay: s.cfg.stepDelay, onToken: s.cfg.onToken, onStep: s.cfg.onStep, admitAt: s.cfg.admitAt}, s.m)
 	if err != nil {
 		return err
 	}
