@@ -69,6 +69,13 @@ type Options struct {
 	// float32 rounding). Tensors whose width is not whole blocks of 32
 	// always take the bf16 GEMM.
 	NoMMQ bool
+	// ExactMMQ keeps q4tp's batched-decode steps (9 to 64 rows) on the
+	// int8 GEMM, whose results equal the CPU's to float32 rounding, instead
+	// of the default bf16 wide tiles (kern.GemmQ.BF16: activations rounded
+	// to bf16, exact weights, f32 sums; about twice the int8 tiles' speed
+	// at 64 rows on the H200, and closer to exact arithmetic than the int8
+	// quants, but not the CPU's rule).
+	ExactMMQ bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer

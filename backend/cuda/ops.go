@@ -783,6 +783,28 @@ func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
 		st.fail(err)
 		return
 	}
+	if dt == quant.Q4TP && rows <= 64 && !st.d.opt.ExactMMQ {
+		// The bf16 wide tiles (Options.ExactMMQ).
+		g.BF16 = true
+		g.Quants = st.buf("xb16", kern.GemmBScratch(g.Cols, st.d.opt.MaxRows))
+		key := actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, ok: true}
+		st.inGEMM = true
+		defer func() { st.inGEMM = false }()
+		if st.actq != key {
+			g.PackBF16(st.a())
+			cfg := kern.ActQuantLaunch(g.Cols, rows)
+			st.launch("gemmb_actb", cfg.Grid, cfg.Block, 0)
+		}
+		name, gcfg, err := kern.GemmBLaunch(kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows), g.StackedRows(), rows)
+		if err != nil {
+			st.fail(fmt.Errorf("cuda: %w", err))
+			return
+		}
+		g.PackWideBF16(st.a(), rows)
+		st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
+		st.actq = key
+		return
+	}
 	nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
 	g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
 	suffix := kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows)

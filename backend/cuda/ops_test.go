@@ -65,6 +65,8 @@ type fakeGPU struct {
 	marks map[int]time.Duration
 	// lastActQ is the last gemmq_actq launched (a gemmq_* must read its quants).
 	lastActQ *fakeCall
+	// lastActB is the last gemmb_actb launched (a gemmb_* must read it).
+	lastActB *fakeCall
 }
 
 // The fake's device times (TestStepTimer).
@@ -268,6 +270,10 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 		q := c
 		f.lastActQ = &q
 	}
+	if name == "gemmb_actb" {
+		q := c
+		f.lastActB = &q
+	}
 	if f.capturing {
 		f.captured = append(f.captured, c)
 	} else {
@@ -430,6 +436,37 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		q, s := kern.GemmQScratch(cols, T)
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s))
+	case name == "gemmb_actb":
+		ldx, cols, T := c.int(1), c.int(2), int(g.Y)
+		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XB", c.ptr(3), kern.GemmBScratch(cols, T)))
+	case strings.HasPrefix(name, "gemmb_q4tp_w"):
+		cols, ldy, T := c.int(6), c.int(9), c.int(10)
+		stacked := kern.GemmQ{Rows: c.int(3)}
+		total := c.int(3)
+		for j := 1; j < 3; j++ {
+			if r := c.int(3 + j); r > 0 {
+				stacked.More = append(stacked.More, kern.GemmQPart{Rows: r})
+				total += r
+			}
+		}
+		wantName, wcfg, err := kern.GemmBLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
+		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
+			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
+			want(ldy >= total && cols%32 == 0 && T <= 64, "ld"),
+			f.span("XB", c.ptr(7), kern.GemmBScratch(cols, T)), f.span("Y", c.ptr(8), rowsSpan(T, ldy, total))}
+		for j := range 3 {
+			if r := c.int(3 + j); r > 0 {
+				errs = append(errs, want(c.ptr(j)%16 == 0, "alignment"), f.span("W", c.ptr(j), weightBytes("q4tp", r, cols)))
+				if bias := c.ptr(11 + j); bias != 0 {
+					errs = append(errs, f.span("bias", bias, 4*int64(r)))
+				}
+			}
+		}
+		if f.lastActB == nil || f.lastActB.ptr(3) != c.ptr(7) || f.lastActB.int(2) != cols || int(f.lastActB.cfg.Grid.Y) != T {
+			errs = append(errs, fmt.Errorf("not preceded by a gemmb_actb of its activations (%d rows × %d)", T, cols))
+		}
+		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		fam := strings.Split(name, "_")[1]
 		suffix := strings.TrimPrefix(name, "gemmq_"+fam)
@@ -794,7 +831,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					}
 					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
 					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
-					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); strings.HasPrefix(name, "gemmq_") && i > 0 {
+					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); (strings.HasPrefix(name, "gemmq_") || strings.HasPrefix(name, "gemmb_")) && i > 0 {
 						name = name[:i] // the int8 GEMM's small-batch and wide tiles (_s16h, _w16k8, ...)
 					}
 					names[name] = true
@@ -812,7 +849,9 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 				if quantized && !mmq && !names["gemm_"+fam] {
 					t.Errorf("the 12-row prefill of %s did not take the GEMM", dt)
 				}
-				if quantized && mmq && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam]) {
+				if quantized && mmq && fam == "q4tp" && (!names["gemmb_q4tp"] || !names["gemmb_actb"] || names["gemm_"+fam]) {
+					t.Errorf("the 12-row prefill of %s with MMQ did not take the bf16 wide GEMM alone (launched: %v)", dt, names)
+				} else if quantized && mmq && fam != "q4tp" && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam]) {
 					t.Errorf("the 12-row prefill of %s with MMQ did not take the int8 GEMM alone (launched: %v)", dt, names)
 				}
 				if !mmq && names["gemmq_actq"] {

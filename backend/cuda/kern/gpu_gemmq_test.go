@@ -171,6 +171,9 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 			nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 			for _, T := range []int{16, 64, 512} {
 				paths := []string{"mmq", "base"}
+				if dt == quant.Q4TP && T <= 64 {
+					paths = append(paths, "bf16") // the bf16 wide tile (GemmQ.BF16, the device's default here)
+				}
 				for _, tl := range kern.GemmQTiles(kernName[dt]) {
 					if tl.Small() && tl.BM < T && tl.BM < 64 {
 						continue // the 64-token small tiles also at T = 512
@@ -195,6 +198,8 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							case "base":
 								return l.Gemm(dt, w, rows, cols, x, cols, y, rows, T, 0, false)
 							case "mmq":
+							case "bf16":
+								g.BF16 = true
 							case "tile128":
 								g.ForceTile = true
 							default: // one tile forced: for the thresholds
@@ -210,7 +215,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							c.MemsetD8(w, 0x11, nb) // finite weights in every format
 							x, _ = c.Alloc(4 * int64(T*cols))
 							y, _ = c.Alloc(4 * int64(T*rows))
-							q, _ = c.Alloc(nq)
+							q, _ = c.Alloc(max(nq, kern.GemmBScratch(cols, T)))
 							s, _ = c.Alloc(ns)
 							c.MemsetD32(x, 0x3c000000, int64(T*cols))
 							return queue(c) // warm-up
@@ -319,6 +324,132 @@ func TestGPUGemmQStacked(t *testing.T) {
 								}
 							}
 							col += rows
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPUGemmBParity: the bf16 wide tiles (kern.GemmQ.BF16: gemmb_actb,
+// then gemmb_q4tp_w*, the one GemmQSuffix picks and every tile forced)
+// over q4tp, rows 37/130/4096 × cols 96/1056/4096 and a stack of three
+// tensors (130, 37, 256 rows), T = 1, 9, 16, 33, 64, store and
+// bias+accumulate, against float64 sums of quant.Decode's weights × the
+// activations rounded to bf16, tolerance 1e-5 of Σ|terms|; gemmb_actb's
+// output is checked bit for bit (bf16 of each x in the documented order),
+// Y's padding and rows past T untouched.
+func TestGPUGemmBParity(t *testing.T) {
+	g := newGPU(t)
+	r := rng(29)
+	bf := func(x float32) float64 {
+		b := math.Float32bits(x)
+		b += 0x7fff + (b>>16)&1
+		return float64(math.Float32frombits(b &^ 0xffff))
+	}
+	for _, sh := range [][]int{{37, 96}, {130, 1056}, {4096, 4096}, {130, 1056, 37, 256}} {
+		cols := sh[1]
+		parts := append([]int{sh[0]}, sh[2:]...)
+		total := 0
+		var wds [][]float32
+		var dws []driver.DevicePtr
+		for _, rows := range parts {
+			wb, err := quant.Encode(quant.Q4TP, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wd, _ := quant.Decode(quant.Q4TP, wb, []int{rows, cols})
+			wds, dws = append(wds, wd), append(dws, g.upload(wb))
+			total += rows
+		}
+		const maxT = 64
+		ldx, ldy := cols+4, total+3
+		x := r.vec(maxT*ldx, 1)
+		dx := g.f32(x)
+		bias := r.vec(total, 0.1)
+		dq := g.upload(make([]byte, kern.GemmBScratch(cols, maxT)))
+		check := func(o int) bool { return total < 4096 || o%7 == 0 || o == total-1 }
+		ref, refMag := make([]float64, maxT*total), make([]float64, maxT*total)
+		for ti := range maxT {
+			col := 0
+			for j, rows := range parts {
+				for o := range rows {
+					if !check(col + o) {
+						continue
+					}
+					var sum, mag float64
+					for k := range cols {
+						p := float64(wds[j][o*cols+k]) * bf(x[ti*ldx+k])
+						sum += p
+						mag += math.Abs(p)
+					}
+					ref[ti*total+col+o], refMag[ti*total+col+o] = sum, mag
+				}
+				col += rows
+			}
+		}
+		dbs := make([]driver.DevicePtr, len(parts))
+		col := 0
+		for j, rows := range parts {
+			dbs[j] = g.f32(bias[col : col+rows])
+			col += rows
+		}
+		for _, T := range []int{1, 9, 16, 33, 64} {
+			for _, epi := range []string{"store", "bias+accumulate"} {
+				acc := epi != "store"
+				gq := kern.GemmQ{W: dws[0], Rows: parts[0], Cols: cols, X: dx, Ldx: ldx, Quants: dq, Ldy: ldy, Accumulate: acc, BF16: true}
+				if acc {
+					gq.Bias = dbs[0]
+				}
+				for j := 1; j < len(parts); j++ {
+					p := kern.GemmQPart{W: dws[j], Rows: parts[j]}
+					if acc {
+						p.Bias = dbs[j]
+					}
+					gq.More = append(gq.More, p)
+				}
+				for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmBTiles()...) {
+					if ti > 0 && (tile.BM < T || total >= 4096 && tile.KS != 8) {
+						continue
+					}
+					y0 := r.vec((maxT+1)*ldy, 1)
+					gq.Y = g.f32(y0)
+					gq.ForceTile, gq.Tile = ti > 0, tile.Suffix
+					g.run(func(l *kern.Launcher) error { return l.GemmQ(quant.Q4TP, gq, T) })
+					if ti == 0 && epi == "store" {
+						xb := g.readBytes(dq, 2*T*cols)
+						for tt := range T {
+							for k := range cols {
+								m, q := k&7, (k&31)>>3
+								h := uint16(xb[2*(tt*cols+k&^31+2*q+m>>2+8*(m&3))]) | uint16(xb[2*(tt*cols+k&^31+2*q+m>>2+8*(m&3))+1])<<8
+								if got := float64(math.Float32frombits(uint32(h) << 16)); got != bf(x[tt*ldx+k]) {
+									t.Fatalf("gemmb_actb row %d element %d: %g, want bf16 %g", tt, k, got, bf(x[tt*ldx+k]))
+								}
+							}
+						}
+					}
+					got := g.readF32(gq.Y, (maxT+1)*ldy)
+					for ti2 := range maxT + 1 {
+						for o := range ldy {
+							gv, y := got[ti2*ldy+o], y0[ti2*ldy+o]
+							if ti2 >= T || o >= total {
+								if gv != y {
+									t.Fatalf("%v T=%d %s %s: y[%d][%d] outside the product written", sh, T, epi, tile.Suffix, ti2, o)
+								}
+								continue
+							}
+							if !check(o) {
+								continue
+							}
+							want, mag := ref[ti2*total+o], refMag[ti2*total+o]
+							if acc {
+								want += float64(bias[o]) + float64(y)
+								mag += math.Abs(float64(bias[o])) + math.Abs(float64(y))
+							}
+							if d := math.Abs(float64(gv) - want); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+								t.Fatalf("%v T=%d %s %s: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)", sh, T, epi, tile.Suffix, ti2, o, gv, want, d, mag)
+							}
 						}
 					}
 				}

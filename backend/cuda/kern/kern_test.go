@@ -142,6 +142,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"gate_split":      {8, 4, 8, 4, 8, 4, 4, 4, 4},
 		"gate_mul":        {8, 4, 8, 4, 4},
 		"gemmq_actq":      {8, 4, 4, 8, 8, 4}, // (X, ldx, cols, XQ, D, perm)
+		"gemmb_actb":      {8, 4, 4, 8},       // (X, ldx, cols, XB)
 		// (proj, ldp, grouped, nk, dk, nv, dv, w, K, state, stride, slot, out, ldo)
 		"dn_conv": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
 		// (proj, ldp, grouped, nk, dk, nv, dv, K, state, stride, slot)
@@ -173,6 +174,10 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 				want["mv_"+f+"_r"+string(rune('0'+r))] = []int{8, 8, 8, 4, 4, 4, 4, 8, 4, 4, 8, 4, 8, 8, 8, 4, 8, 4, 4}
 			}
 		}
+	}
+	for _, t := range GemmBTiles() {
+		// (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate)
+		want["gemmb_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4}
 	}
 	for name, ps := range want {
 		k, ok := m.Kernel(name)

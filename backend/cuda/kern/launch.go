@@ -314,6 +314,7 @@ type GemmQTile struct {
 	BN, BM         int
 	WN, WK, KG, NS int
 	KS             int
+	BF16           bool // a gemmb_q4tp_w* tile (bf16 activations; GemmQ.BF16)
 }
 
 // Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
@@ -337,6 +338,11 @@ func gemmqWideStage(fam string, BM int) int {
 // (WB = 32 for q8row, 16 for q4tp), BM·KG scales and, for q4tp, BN·KG rungs
 // and BN·8 code bytes (gemmq_small's layout).
 func (t GemmQTile) Shared(fam string) int {
+	if t.BF16 {
+		// NS stages of BM bf16 activation rows of 8·64+16 bytes, 128 weight
+		// rows of 8·16+16 and 128·8 code bytes, then the warps' rungs.
+		return t.NS*(t.BM*528+128*144+128*8) + 8*8*16*4
+	}
 	if t.Wide() {
 		sh := t.NS * gemmqWideStage(fam, t.BM)
 		if fam == "q4tp" {
@@ -363,12 +369,12 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6, 0}, {"_s16h", 32, 16, 1, 8, 8, 16, 0}, {"_s32", 64, 32, 2, 4, 4, 9, 0},
-		{"_s32h", 32, 32, 1, 8, 8, 12, 0}, {"_s64", 64, 64, 4, 2, 4, 6, 0}, {"_s64h", 32, 64, 2, 4, 8, 8, 0},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5, 0}, {"_s16h", 32, 16, 1, 8, 8, 12, 0}, {"_s32", 64, 32, 2, 4, 8, 4, 0},
-		{"_s32h", 32, 32, 1, 8, 8, 10, 0}, {"_s64", 64, 64, 4, 2, 4, 5, 0}, {"_s64h", 32, 64, 2, 4, 8, 7, 0},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false},
 	},
 }
 
@@ -388,6 +394,24 @@ func wideTiles(fam string) []GemmQTile {
 	}
 	return ts
 }
+
+// gemmbWide mirrors gemmq.cu's GEMMB_WIDE_KS lines (BM, NS; every KS).
+var gemmbWide = [][2]int{{16, 3}, {32, 2}, {64, 2}}
+
+// GemmBTiles lists the bf16 wide tiles (gemmb_q4tp_w<BM>k<KS>).
+func GemmBTiles() []GemmQTile {
+	var ts []GemmQTile
+	for _, bn := range gemmbWide {
+		for _, ks := range gemmqWideKS {
+			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, BF16: true})
+		}
+	}
+	return ts
+}
+
+// GemmBScratch is the bf16 activations a BF16 GemmQ over T rows of cols
+// columns needs (its Quants): 2·T·cols bytes.
+func GemmBScratch(cols, T int) int64 { return 2 * int64(T) * int64(cols) }
 
 // GemmQTiles lists every int8 GEMM tile of family fam (q8row, q4tp): the
 // register-staged ones, the small-batch ones, then the wide ones.
@@ -502,6 +526,11 @@ type GemmQ struct {
 	Ldy            int
 	Bias           Ptr
 	Accumulate     bool
+	// BF16 runs a q4tp GEMM of T ≤ 64 rows on the bf16 wide tiles
+	// (gemmb_actb into Quants, GemmBScratch bytes, then gemmb_q4tp_w*:
+	// bf16 activations, exact weights, f32 sums; Scales unused) instead of
+	// the int8 ones.
+	BF16 bool
 	// More: up to two more tensors of the same format and width over the
 	// same activations (q|k|v, gate|up), their outputs Y's columns after
 	// Rows (then after Rows + More[0].Rows); only the wide tiles (T ≤ 64)
@@ -576,6 +605,9 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < total || len(g.More) > 2 {
 		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x, %d more) with %d rows", d, g.Rows, g.Cols, uint64(g.W), len(g.More), T)
 	}
+	if g.BF16 {
+		return g.bf16Calls(fam, T)
+	}
 	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
 	if g.ForceTile {
 		suffix = g.Tile
@@ -594,6 +626,45 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 		ga = g.PackWide(new(driver.Args), T)
 	}
 	return []call{{"gemmq_actq", cfg, qa}, {name, gcfg, ga}}, nil
+}
+
+// GemmBLaunch is the launch of the bf16 wide tile suffix over rows
+// stacked weight rows (GemmQ.StackedRows) and T tokens.
+func GemmBLaunch(suffix string, rows, T int) (string, driver.Config, error) {
+	for _, t := range GemmBTiles() {
+		if t.Suffix == suffix {
+			return "gemmb_q4tp" + suffix, driver.Config{Grid: driver.D3((rows+127)/128, t.KS, (T+t.BM-1)/t.BM),
+				Block: driver.D1(256), Shared: t.Shared("q4tp")}, nil
+		}
+	}
+	return "", driver.Config{}, fmt.Errorf("kern: no bf16 gemm tile gemmb_q4tp%s", suffix)
+}
+
+// PackBF16 packs into a gemmb_actb's parameters for g.
+func (g GemmQ) PackBF16(a *driver.Args) *driver.Args {
+	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants)
+}
+
+// PackWideBF16 packs into a the bf16 wide tiles' parameters for g over T rows.
+func (g GemmQ) PackWideBF16(a *driver.Args, T int) *driver.Args {
+	p := g.parts()
+	return a.Ptr(p[0].W).Ptr(p[1].W).Ptr(p[2].W).Int(p[0].Rows).Int(p[1].Rows).Int(p[2].Rows).Int(g.Cols).
+		Ptr(g.Quants).Ptr(g.Y).Int(g.Ldy).Int(T).Ptr(p[0].Bias).Ptr(p[1].Bias).Ptr(p[2].Bias).Int(b2i(g.Accumulate))
+}
+
+func (g GemmQ) bf16Calls(fam string, T int) ([]call, error) {
+	if fam != "q4tp" || T > 64 {
+		return nil, fmt.Errorf("kern: the bf16 wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
+	}
+	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
+	if g.ForceTile {
+		suffix = g.Tile
+	}
+	name, cfg, err := GemmBLaunch(suffix, g.StackedRows(), T)
+	if err != nil {
+		return nil, err
+	}
+	return []call{{"gemmb_actb", ActQuantLaunch(g.Cols, T), g.PackBF16(new(driver.Args))}, {name, cfg, g.PackWideBF16(new(driver.Args), T)}}, nil
 }
 
 // ActQuant queues gemmq_actq: T rows of X (ldx apart, cols % 32 == 0)

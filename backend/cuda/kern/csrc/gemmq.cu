@@ -38,6 +38,7 @@
 // aligned (the launcher checks; st.mv keeps the bf16 GEMM otherwise).
 // Rows past `rows` or T read the last valid row and are never stored.
 #include "common.cuh"
+#include <cuda_bf16.h>
 
 #define GQ_THREADS 256
 
@@ -957,3 +958,275 @@ GEMMQ_WIDE_KS(q4tp, GQWQ4, 64, 4, 2)
 GEMMQ_WIDE_KS(q8row, GQWQ8, 16, 1, 2)
 GEMMQ_WIDE_KS(q8row, GQWQ8, 32, 2, 2)
 GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
+
+// ---------------------------------------------------------------------------
+// bf16 wide tiles gemmb_q4tp_w<BM>k<KS> (batched decode of q4tp, T ≤ 64;
+// the default there, Options.ExactMMQ keeps the int8 tiles): the wide
+// tiles' blocks, clusters, ring and epilogue, but the activations are
+// bf16 (gemmb_actb: each x rounded to nearest even, nothing else) and the
+// weights exact: a lane's word q of row g's group becomes four bf16 pairs
+// (n_m, n_{m+4}) − 8 with one shift, one logic operation and one bf16x2
+// FMA each ((0x4300 | n) is bf16 128 + n), the two m16n8k16 products of a
+// group (k 0-15, 16-31) accumulate in f32 from zero, and acc += c·rung in
+// f32. No activation scale and no integer conversion: ~5 instructions an
+// m16n8k16 instead of the int8 tile's ~16 an m16n8k32, so the tile is
+// bound by the tensor cores' bf16 rate, not by issue. Rounding: only the
+// activations' (bf16, relative 2^-9; the int8 quants' is ~2^-8 of the
+// block's largest); weights, rungs and every sum are exact or f32.
+// gemmb_actb's order within a block of 32: element 8q + m at 2q + m/4 +
+// 8·(m%4), so that (n_m, n_{m+4}) of word q are the B fragment's k pairs
+// (2q, 2q+1) of k step m/2 (b0 for even m, b1 for odd). Launch: gemmb_actb
+// as gemmq_actq (X, ldx, cols, XB); the tiles grid (Σ⌈rows_j/128⌉, KS,
+// ⌈T/BM⌉), block 256, dynamic shared memory kern.GemmQTile.Shared,
+// parameters (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate).
+
+extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmb_actb(const float* __restrict__ X, int ldx, int cols,
+                                                                    uint16_t* __restrict__ XB) {
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, nb = cols / 32;
+  const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+  pdl_wait();
+  if (b >= nb) return;
+  const float v = X[(size_t)t * ldx + b * 32 + lane];
+  const int q = lane >> 3, m = lane & 7;
+  XB[(size_t)t * cols + b * 32 + 2 * q + (m >> 2) + 8 * (m & 3)] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// c (+)= A·B for A 16×16 bf16 (row), B 16×8 bf16 (col), f32.
+__device__ __forceinline__ void gb_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// (n_m, n_{m+4}) − 8 of a q4tp word as a bf16 pair (exact).
+__device__ __forceinline__ uint32_t gb_pair(uint32_t x, int m) {
+  const uint32_t v = ((x >> (4 * m)) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + n
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));  // ·1 − 136
+  return r;
+}
+
+template <int FT, int KS, int NS>
+__device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+                                           const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
+                                           const uint16_t* __restrict__ XB, float* __restrict__ Y, int ldy, int T,
+                                           const float* __restrict__ b0, const float* __restrict__ b1,
+                                           const float* __restrict__ b2, int accumulate) {
+  constexpr int CG = 8, BM = 16 * FT, BN = 128;
+  constexpr int LDA = CG * 64 + 16, LDB = CG * 16 + 16, LDR = BN + 4;
+  constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + BN * LDB, STAGE = OFF_C + BN * 8;
+  constexpr int CWU = CG, UW = BN * CWU / GQ_THREADS;             // 16-byte weight units
+  constexpr int UA = (BM * CG * 4 + GQ_THREADS - 1) / GQ_THREADS;  // 16-byte activation units
+  static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "bf16 wide tile layout");
+  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
+  extern __shared__ __align__(16) uint8_t gq_dsm[];
+  uint8_t* const sm = gq_dsm;
+  float* const rb = reinterpret_cast<float*>(sm + NS * STAGE);  // [warp][kg][16] rungs
+  pdl_trigger();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
+  const int n0 = (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
+  const int seg = bx < n0 ? 0 : bx < n0 + n1 ? 1 : 2;
+  const uint8_t* __restrict__ W = seg == 0 ? W0 : seg == 1 ? W1 : W2;
+  const int rows = seg == 0 ? rows0 : seg == 1 ? rows1 : rows2;
+  const float* __restrict__ bias = seg == 0 ? b0 : seg == 1 ? b1 : b2;
+  const int ycol = seg == 0 ? 0 : seg == 1 ? rows0 : rows0 + rows1;
+  const int o0 = (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
+  const int wr = 16 * warp;
+  const int nb = cols / 32, nc = (nb + CG - 1) / CG;
+  const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;
+  const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
+  const size_t coff = (size_t)rows * gpr * 16 + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
+
+  // Copy slots as the int8 wide tiles', activations 32 units a row.
+  const int cw = tid % CWU, rw0 = tid / CWU, ow0 = min(o0 + rw0, rows - 1);
+  const uint8_t* const srcW = W + (size_t)ow0 * gpr * 16 + (size_t)c0 * CG * 16 + cw * 16;
+  int offW[UW];
+#pragma unroll
+  for (int j = 0; j < UW; j++) offW[j] = (min(o0 + rw0 + j * (GQ_THREADS / CWU), rows - 1) - ow0) * gpr * 16;
+  const int dstW = OFF_W + rw0 * LDB + cw * 16;
+  const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
+  const int ca = tid % 32, ra0 = tid / 32, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
+  const uint8_t* const srcA = reinterpret_cast<const uint8_t*>(XB) + ((size_t)ta0 * cols + (size_t)c0 * CG * 32) * 2 + ca * 16;
+  int offA[UA];
+#pragma unroll
+  for (int j = 0; j < UA; j++) offA[j] = (min(t0 + min(ra0 + 8 * j, BM - 1), T - 1) - ta0) * cols * 2;
+  const int dstA = ra0 * LDA + ca * 16;
+  auto issueW = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+    const bool ok = (c0 + s) * CG + cw < nb;
+    const uint8_t* sw = srcW + (size_t)s * CG * 16;
+#pragma unroll
+    for (int j = 0; j < UW; j++) gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? sw + offW[j] : W, ok);
+    const size_t a = ((cbase + 5 * (size_t)(c0 + s)) & ~(size_t)3) + 4 * (tid & 1);
+    uint8_t* dst = st + OFF_C + (tid >> 1) * 8 + 4 * (tid & 1);
+    if (a + 4 <= wend) {
+      gq_cp4(dst, W + a, true);
+    } else {
+      uint32_t v = 0;
+      for (int e = 0; e < 4; e++)
+        if (a + e < wend) v |= (uint32_t)W[a + e] << (8 * e);
+      *reinterpret_cast<uint32_t*>(dst) = v;
+    }
+  };
+  auto issueX = [&](int s) {
+    uint8_t* st = sm + (s % NS) * STAGE;
+    const bool ok = (c0 + s) * CG + ca / 4 < nb;
+    const uint8_t* sa = srcA + (size_t)s * CG * 64;
+#pragma unroll
+    for (int j = 0; j < UA; j++)
+      if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4)
+        gq_cp16(st + dstA + 8 * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XB), ok);
+  };
+  const int rr = lane & 15, rh = lane >> 4;
+  const int orr = min(o0 + wr + rr, rows - 1);
+  const size_t po = (size_t)rows * gpr * 16 + 4 * (size_t)orr;
+  const uint32_t ladder = (uint32_t)ld_u16(W + po) | ((uint32_t)ld_u16(W + po + 2) << 16);
+  const size_t rcode = coff + (size_t)orr * cbytes;
+
+  float acc[FT][2][4];
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
+  const int arow = (lane & 15) * LDA + (lane >> 4) * 16;
+
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++)
+    if (s < nk) issueW(s);
+  pdl_wait();
+#pragma unroll 1
+  for (int s = 0; s < NS - 1; s++) {
+    if (s < nk) issueX(s);
+    gq_commit();
+  }
+#pragma unroll 1
+  for (int s = 0; s < nk; s++) {
+    gq_wait<NS - 2>();
+    __syncthreads();
+    if (s + NS - 1 < nk) {
+      issueW(s + NS - 1);
+      issueX(s + NS - 1);
+    }
+    gq_commit();
+    const uint8_t* st = sm + (s % NS) * STAGE;
+    const int gv = min(CG, nb - (c0 + s) * CG);
+    float* wrb = rb + warp * CG * 16;
+    {
+      const size_t p = rcode + 5 * (size_t)(c0 + s);
+      const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * 8);
+      const uint64_t win = (uint64_t)cwd.x | ((uint64_t)cwd.y << 32);
+      const int sh = (int)(p & 3) * 8;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const int kg = 4 * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
+        wrb[kg * 16 + rr] = kg < gv ? q4tp_rung((uint16_t)ladder, (uint16_t)(ladder >> 16), code) : 0.0f;
+      }
+      __syncwarp();
+    }
+    // Every group of the chunk (zeros past the slice: its activations and
+    // rungs are zero); the 64-token tile one at a time (two spill at 128
+    // registers).
+    constexpr int KU = FT == 4 ? 1 : 2;
+#pragma unroll(KU)
+    for (int kg = 0; kg < CG; kg++) {
+      uint32_t fb[2][4];
+      float2 rs[2];
+#pragma unroll
+      for (int n = 0; n < 2; n++) {
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(st + OFF_W + (wr + 8 * n + g4) * LDB + kg * 16 + 4 * q4);
+#pragma unroll
+        for (int m = 0; m < 4; m++) fb[n][m] = gb_pair(x, m);
+        rs[n] = *reinterpret_cast<const float2*>(wrb + kg * 16 + 8 * n + 2 * q4);
+      }
+#pragma unroll
+      for (int i = 0; i < FT; i++) {
+        uint32_t fa0[4], fa1[4];
+        gq_ldsm4(fa0, st + arow + 16 * i * LDA + kg * 64);
+        gq_ldsm4(fa1, st + arow + 16 * i * LDA + kg * 64 + 32);
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          gb_mma(c, fa0, fb[n][0], fb[n][1]);
+          gb_mma(c, fa1, fb[n][2], fb[n][3]);
+          acc[i][n][0] += c[0] * rs[n].x;
+          acc[i][n][1] += c[1] * rs[n].y;
+          acc[i][n][2] += c[2] * rs[n].x;
+          acc[i][n][3] += c[3] * rs[n].y;
+        }
+      }
+    }
+  }
+  gq_wait<0>();
+  __syncthreads();
+
+  float* red = reinterpret_cast<float*>(sm);
+#pragma unroll
+  for (int i = 0; i < FT; i++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int u = 0; u < 2; u++)
+        *reinterpret_cast<float2*>(red + (16 * i + g4 + 8 * u) * LDR + wr + 8 * n + 2 * q4) =
+            make_float2(acc[i][n][2 * u], acc[i][n][2 * u + 1]);
+  if (KS > 1)
+    gq_cluster_sync();
+  else
+    __syncthreads();
+  constexpr int P = BM * (BN / 4) / KS;
+#pragma unroll 1
+  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+    const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
+    const float* src = red + tl * LDR + ol;
+    float4 sum = KS > 1 ? gq_ld_cluster4(src, 0) : *reinterpret_cast<const float4*>(src);
+#pragma unroll
+    for (int k = 1; k < KS; k++) {
+      const float4 x = gq_ld_cluster4(src, k);
+      sum.x += x.x;
+      sum.y += x.y;
+      sum.z += x.z;
+      sum.w += x.w;
+    }
+    if (t >= T) continue;
+    float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+    const int o = o0 + ol;
+    float* y = Y + (size_t)t * ldy + ycol + o;
+    if (o + 3 < rows && aligned16(y)) {
+      float4 prev = accumulate ? *reinterpret_cast<const float4*>(y) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float pv[4] = {prev.x, prev.y, prev.z, prev.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        sv[e] += bias ? bias[o + e] : 0.0f;
+        if (accumulate) sv[e] += pv[e];
+      }
+      *reinterpret_cast<float4*>(y) = make_float4(sv[0], sv[1], sv[2], sv[3]);
+      continue;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      if (o + e >= rows) continue;
+      float val = sv[e] + (bias ? bias[o + e] : 0.0f);
+      if (accumulate) val += y[e];
+      y[e] = val;
+    }
+  }
+  if (KS > 1) gq_cluster_sync();
+}
+
+#define GEMMB_PARAMS                                                                                              \
+  const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
+      int rows2, int cols, const uint16_t *__restrict__ XB, float *__restrict__ Y, int ldy, int T,                  \
+      const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
+#define GEMMB_WIDE(name, FT, KS, NS)                                                                              \
+  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmb_##name(GEMMB_PARAMS) { \
+    gemmb_wide<FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XB, Y, ldy, T, b0, b1, b2, accumulate);         \
+  }
+#define GEMMB_WIDE_KS(BM, FT, NS)         \
+  GEMMB_WIDE(q4tp_w##BM##k1, FT, 1, NS) \
+  GEMMB_WIDE(q4tp_w##BM##k2, FT, 2, NS) \
+  GEMMB_WIDE(q4tp_w##BM##k4, FT, 4, NS) \
+  GEMMB_WIDE(q4tp_w##BM##k8, FT, 8, NS)
+GEMMB_WIDE_KS(16, 1, 3)
+GEMMB_WIDE_KS(32, 2, 2)
+GEMMB_WIDE_KS(64, 4, 2)
