@@ -46,7 +46,7 @@ func TestOpenWithoutGPU(t *testing.T) {
 	}
 }
 
-// TestGPUParity runs the parity suite on the GPU (Options.ExactMMQ: the
+// TestGPUParity runs the parity suite on the GPU (default options: the
 // int8 GEMM for every step of more than 8 rows) against the CPU backend:
 // every op × format × attention variant × schedule. Quantized formats are
 // held to 1e-5: the int8 GEMM and the mq_* matvecs quantize activations
@@ -54,7 +54,7 @@ func TestOpenWithoutGPU(t *testing.T) {
 // (TestGPUMMQParity logs the distances; the fake's models,
 // TestParitySuiteNumericOnFakeMMQ, are within 3e-7).
 func TestGPUParity(t *testing.T) {
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, ExactMMQ: true})
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
 	c := cpu.New(2)
 	defer c.Close()
 	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
@@ -68,14 +68,14 @@ func TestGPUParity(t *testing.T) {
 	})
 }
 
-// TestGPUParityDefault: the parity suite with the default options, where
+// TestGPUParityBF16Wide: the parity suite with Options.BF16Wide, where
 // q4tp's steps of 9 to 64 rows take the bf16 wide tiles (bf16
 // activations, exact weights: kern.GemmQ.BF16) and the rest the int8
 // GEMM: q4tp held to TestGPUParityBF16GEMM's 3e-4 (the CPU rounds
 // activations to int8 per block of 32, this path to bf16), the other
 // quantized formats to 1e-5.
-func TestGPUParityDefault(t *testing.T) {
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+func TestGPUParityBF16Wide(t *testing.T) {
+	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, BF16Wide: true})
 	c := cpu.New(2)
 	defer c.Close()
 	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
@@ -319,7 +319,7 @@ func TestGPUGreedyIDs(t *testing.T) {
 	})
 }
 
-// TestGPUMMQParity: with Options.ExactMMQ (not Options.NoMMQ: steps of more than 8 rows over
+// TestGPUMMQParity: by default (not Options.NoMMQ: steps of more than 8 rows over
 // q8_row, q8_2f and q4tp on the int8 tensor-core GEMM) every quantized
 // case × schedule gives the CPU backend's logits to rounding (NMSE 1e-5):
 // the int8 GEMM quantizes activations as the CPU does, so it models the
@@ -327,7 +327,7 @@ func TestGPUGreedyIDs(t *testing.T) {
 // (its distance to the CPU, up to ~9e-4 on MoE cases whose routing flips
 // on a near tie, is logged beside it; TestGPUParity judges that path).
 func TestGPUMMQParity(t *testing.T) {
-	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, ExactMMQ: true})
+	q := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
 	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoMMQ: true})
 	c := cpu.New(2)
 	defer c.Close()

@@ -870,18 +870,18 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 }
 
 // TestParitySuiteNumericOnFakeMMQ: the parity suite's quantized cases with
-// Options.ExactMMQ (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
+// the default options (steps of more than 8 rows on gemmq_actq + gemmq_*), graphs
 // on and off, against the CPU; the int8 GEMM must actually have run. The
 // tolerance is 1e-5, 20× tighter than the bf16 GEMM's suite: the models
 // quantize the activations exactly as the CPU's int8 kernels do, so only
 // float rounding is left (worst seen ≈3e-7, q4tp) — a wrong quant order,
-// scale or stride shows as ≥1e-3. Then the default options, where q4tp's
+// scale or stride shows as ≥1e-3. Then Options.BF16Wide, where q4tp's
 // steps of 9 to 64 rows take the bf16 wide tiles (gemmb_actb +
 // gemmb_q4tp_w*, which must have run): q4tp within 3e-4 of the CPU (its
 // activations rounded to bf16, not to int8: ~1e-4 seen), the rest 1e-5.
 func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, exact := range []bool{true, false} {
-		t.Run(map[bool]string{true: "exact", false: "default"}[exact], func(t *testing.T) { numericOnFakeMMQ(t, exact) })
+		t.Run(map[bool]string{true: "int8", false: "bf16wide"}[exact], func(t *testing.T) { numericOnFakeMMQ(t, exact) })
 	}
 }
 
@@ -897,7 +897,7 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, ExactMMQ: exact})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, BF16Wide: !exact})
 		ran, ranB := 0, 0
 		for _, k := range backendtest.Cases() {
 			if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
@@ -924,7 +924,7 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 					if strings.HasPrefix(call.name, "gemmb_q4tp_w") {
 						ranB++
 						if exact {
-							t.Errorf("%s / %s: %s ran with ExactMMQ", k.Name, name, call.name)
+							t.Errorf("%s / %s: %s ran without BF16Wide", k.Name, name, call.name)
 						}
 					}
 					if strings.HasPrefix(call.name, "gemm_") {
@@ -967,10 +967,10 @@ func TestMoEGroupedOnFake(t *testing.T) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, ExactMMQ: true})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
 		f2 := newFake(t, 4)
 		f2.numeric, f2.decoded = true, map[string][]float32{}
-		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true, ExactMMQ: true})
+		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true})
 		grouped := 0
 		for _, k := range backendtest.Cases() {
 			if !strings.HasPrefix(k.Name, "moe/") {
@@ -1049,7 +1049,7 @@ func TestMoEGroupedOnFake(t *testing.T) {
 func TestMMQSharesActQuant(t *testing.T) {
 	for _, noFusion := range []bool{false, true} {
 		f := newFake(t, 4)
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoFusion: noFusion, ExactMMQ: true})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoFusion: noFusion})
 		for _, k := range backendtest.Cases() {
 			if k.Name != "attention/q4tp" && k.Name != "mlp/q8_row" {
 				continue

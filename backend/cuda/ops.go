@@ -783,8 +783,8 @@ func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
 		st.fail(err)
 		return
 	}
-	if dt == quant.Q4TP && rows <= 64 && !st.d.opt.ExactMMQ {
-		// The bf16 wide tiles (Options.ExactMMQ).
+	if dt == quant.Q4TP && rows <= 64 && st.d.opt.BF16Wide {
+		// The bf16 wide tiles (Options.BF16Wide).
 		g.BF16 = true
 		g.Quants = st.buf("xb16", kern.GemmBScratch(g.Cols, st.d.opt.MaxRows))
 		key := actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, ok: true}

@@ -849,9 +849,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 				if quantized && !mmq && !names["gemm_"+fam] {
 					t.Errorf("the 12-row prefill of %s did not take the GEMM", dt)
 				}
-				if quantized && mmq && fam == "q4tp" && (!names["gemmb_q4tp"] || !names["gemmb_actb"] || names["gemm_"+fam]) {
-					t.Errorf("the 12-row prefill of %s with MMQ did not take the bf16 wide GEMM alone (launched: %v)", dt, names)
-				} else if quantized && mmq && fam != "q4tp" && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam]) {
+				if quantized && mmq && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam] || names["gemmb_actb"]) {
 					t.Errorf("the 12-row prefill of %s with MMQ did not take the int8 GEMM alone (launched: %v)", dt, names)
 				}
 				if !mmq && names["gemmq_actq"] {
