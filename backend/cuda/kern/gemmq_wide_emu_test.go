@@ -402,9 +402,22 @@ func TestGemmQWideTilesMatchSource(t *testing.T) {
 		`GEMMQ_WIDE\(fam##_w##BM##k4, F, FT, 4, NS\)\s*\\\s*GEMMQ_WIDE\(fam##_w##BM##k8, F, FT, 8, NS\)`).Match(src) {
 		t.Error("GEMMQ_WIDE_KS does not instantiate KS = 1, 2, 4, 8 (gemmqWideKS)")
 	}
+	deep := regexp.MustCompile(`(?m)^GEMMQ_WIDE_DEEP\((q4tp)_w64k(\d)d, GQWQ4, 4, (\d), 4\)`).FindAllStringSubmatch(string(src), -1)
+	if len(deep) != len(gemmqWideKS) {
+		t.Errorf("%d GEMMQ_WIDE_DEEP lines, want one a cluster size", len(deep))
+	}
+	for _, m := range deep {
+		if m[2] != m[3] {
+			t.Errorf("%s: name and KS differ", m[0])
+		}
+	}
 	for fam := range gemmqWide {
 		for _, tl := range wideTiles(fam) {
-			if sh := tl.Shared(fam); 2*(sh+1024) > 228<<10 || tl.BM*(128+4)*4 > tl.NS*gemmqWideStage(fam, tl.BM) {
+			blocks := 2
+			if tl.Deep {
+				blocks = 1
+			}
+			if sh := tl.Shared(fam); blocks*(sh+1024) > 228<<10 || tl.BM*(128+4)*4 > tl.NS*gemmqWideStage(fam, tl.BM) {
 				t.Errorf("gemmq_%s%s: %d bytes of shared memory", fam, tl.Suffix, sh)
 			}
 		}

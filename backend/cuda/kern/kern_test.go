@@ -175,6 +175,9 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 			}
 		}
 	}
+	for _, ks := range []string{"1", "2", "4", "8"} {
+		want["gemmq_q4tp_w64k"+ks+"d"] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
+	}
 	for _, t := range GemmBTiles() {
 		// (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate)
 		want["gemmb_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4}

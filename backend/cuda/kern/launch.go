@@ -315,6 +315,7 @@ type GemmQTile struct {
 	WN, WK, KG, NS int
 	KS             int
 	BF16           bool // a gemmb_q4tp_w* tile (bf16 activations; GemmQ.BF16)
+	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
 }
 
 // Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
@@ -369,12 +370,12 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6, 0, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false},
-		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5, 0, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false},
-		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false},
 	},
 }
 
@@ -390,6 +391,11 @@ func wideTiles(fam string) []GemmQTile {
 	for _, bn := range gemmqWide[fam] {
 		for _, ks := range gemmqWideKS {
 			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks})
+		}
+	}
+	if fam == "q4tp" { // gemmq.cu's GEMMQ_WIDE_DEEP lines
+		for _, ks := range gemmqWideKS {
+			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w64k%dd", ks), BN: 128, BM: 64, NS: 4, KS: ks, Deep: true})
 		}
 	}
 	return ts

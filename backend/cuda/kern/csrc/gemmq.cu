@@ -677,7 +677,7 @@ struct GQWQ8 {
   }
 };
 
-template <class F, int FT, int KS, int NS>
+template <class F, int FT, int KS, int NS, bool DEEP = false>
 __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const int8_t* __restrict__ XQ, const float* __restrict__ D,
@@ -833,7 +833,7 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const
     // branch between groups, so the compiler interleaves them (the 64-token
     // tiles two (q4tp) or one (q8_row) at a time: more spill at 128
     // registers with nvcc 11.8).
-    constexpr int KU = FT < 4 ? CG : F::kRung ? 2 : 1;
+    constexpr int KU = FT < 4 || DEEP ? CG : F::kRung ? 2 : 1;
 #pragma unroll(KU)
     for (int kg = 0; kg < CG; kg++) {
       uint32_t fb[2][2];
@@ -947,6 +947,17 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQW_PARAMS) { \
     gemmq_wide<F, FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XQ, D, Y, ldy, T, b0, b1, b2, accumulate);     \
   }
+// The deep variants _w64k<KS>d: one block an SM (255 registers: every
+// group of a chunk unrolled) and a 4-stage ring, for comparison
+// (kern.GemmQTile.Deep; GemmQSuffix does not pick them).
+#define GEMMQ_WIDE_DEEP(name, F, FT, KS, NS)                                                                        \
+  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 1) gemmq_##name(GEMMQW_PARAMS) { \
+    gemmq_wide<F, FT, KS, NS, true>(W0, W1, W2, rows0, rows1, rows2, cols, XQ, D, Y, ldy, T, b0, b1, b2, accumulate);  \
+  }
+GEMMQ_WIDE_DEEP(q4tp_w64k1d, GQWQ4, 4, 1, 4)
+GEMMQ_WIDE_DEEP(q4tp_w64k2d, GQWQ4, 4, 2, 4)
+GEMMQ_WIDE_DEEP(q4tp_w64k4d, GQWQ4, 4, 4, 4)
+GEMMQ_WIDE_DEEP(q4tp_w64k8d, GQWQ4, 4, 8, 4)
 #define GEMMQ_WIDE_KS(fam, F, BM, FT, NS)       \
   GEMMQ_WIDE(fam##_w##BM##k1, F, FT, 1, NS)   \
   GEMMQ_WIDE(fam##_w##BM##k2, F, FT, 2, NS)   \
