@@ -2,6 +2,7 @@ package kern
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
@@ -442,6 +443,22 @@ func GemmQWideKS(rows, cols int) int {
 	return 1
 }
 
+// gemmqDeep (CORTIQ_CUDA_GEMMQ_DEEP=1, read once) makes GemmQSuffix pick
+// the deep wide tiles for q4tp at 33 to 64 rows: an experiment's switch
+// for the end-to-end figures, not a user option.
+var gemmqDeep = os.Getenv("CORTIQ_CUDA_GEMMQ_DEEP") == "1"
+
+// gemmqDeepKS is GemmQWideKS for one block an SM (132 slots).
+func gemmqDeepKS(rows, cols int) int {
+	bx, nc := (rows+127)/128, (cols/32+7)/8
+	for _, ks := range []int{8, 4, 2} {
+		if bx*ks <= GemmQSlots/2 && ks <= nc {
+			return ks
+		}
+	}
+	return 1
+}
+
 // GemmQPerm is gemmq_actq's quant order for tile suffix of family fam: 2
 // (q4tp) or 3 (q8row) for the wide tiles, else 1 for q4tp, 0 for q8row
 // (gemmq.cu documents the orders).
@@ -482,6 +499,9 @@ func GemmQSuffix(fam string, rows, cols, T int) string {
 		bm := 16
 		for bm < T {
 			bm *= 2
+		}
+		if bm == 64 && fam == "q4tp" && gemmqDeep {
+			return fmt.Sprintf("_w64k%dd", gemmqDeepKS(rows, cols))
 		}
 		return fmt.Sprintf("_w%dk%d", bm, GemmQWideKS(rows, cols))
 	}
