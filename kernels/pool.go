@@ -43,7 +43,7 @@ type Pool struct {
 	gen      uint32        // the current operation's generation (caller only)
 	op       atomic.Uint64 // gen<<32 | opClosed | workers inside the operation
 	closing  atomic.Bool
-	waiting  atomic.Bool   // the caller blocks on done
+	waiting  atomic.Uint64 // 1 + the generation whose caller blocks on done; 0: none
 	done     chan struct{} // wakes a blocked caller
 	workers  []poolWorker
 	task     Task
@@ -130,7 +130,9 @@ func (p *Pool) join(g uint32) bool {
 // leave marks a worker's part of the operation done and wakes a caller
 // blocked in wait when it was the last one inside a closed operation.
 func (p *Pool) leave() {
-	if v := p.op.Add(^uint64(0)); v&opClosed != 0 && v&opCount == 0 && p.waiting.CompareAndSwap(true, false) {
+	// The generation in the flag keeps a worker delayed here from waking
+	// the caller of a later operation.
+	if v := p.op.Add(^uint64(0)); v&opClosed != 0 && v&opCount == 0 && p.waiting.CompareAndSwap(1+v>>32, 0) {
 		p.done <- struct{}{}
 	}
 }
@@ -185,8 +187,9 @@ func (p *Pool) wait() {
 	for i := 1; p.op.Load()&opCount != 0; i++ {
 		spinPause()
 		if i%256 == 0 && time.Since(t0) > waitSpin {
-			p.waiting.Store(true)
-			if p.op.Load()&opCount == 0 && p.waiting.CompareAndSwap(true, false) {
+			w := 1 + uint64(p.gen)
+			p.waiting.Store(w)
+			if p.op.Load()&opCount == 0 && p.waiting.CompareAndSwap(w, 0) {
 				return
 			}
 			<-p.done

@@ -141,3 +141,43 @@ func TestPoolDoesNotWaitForIdleWorker(t *testing.T) {
 	}
 	t.Logf("%d operations in %v", ops, best)
 }
+
+// slowTask is lateTask whose units on workers other than the caller take
+// 3·waitSpin, so that the caller blocks in wait for them.
+type slowTask struct{ lateTask }
+
+func (s *slowTask) Run(lo, hi, w int) {
+	if w != 0 {
+		time.Sleep(3 * waitSpin)
+	}
+	s.lateTask.Run(lo, hi, w)
+}
+
+// TestPoolCallerBlocks makes the caller wait past waitSpin for workers
+// inside an operation (the blocking path of wait and leave): every index
+// still runs once, inside its operation.
+func TestPoolCallerBlocks(t *testing.T) {
+	p := NewPool(3)
+	defer p.Close()
+	var tasks []*slowTask
+	for i := range 60 {
+		s := &slowTask{lateTask{seen: make([]atomic.Int32, 64), busy: make([]atomic.Int32, 3)}}
+		p.For(64, minParallelWork, s)
+		s.done.Store(true)
+		tasks = append(tasks, s)
+		if i%4 == 0 {
+			time.Sleep(spinTime)
+		}
+	}
+	time.Sleep(10 * waitSpin)
+	for i, s := range tasks {
+		if b := s.bad.Load(); b != 0 {
+			t.Fatalf("operation %d: %d units ran concurrently on one worker index or after the operation returned", i, b)
+		}
+		for j := range s.seen {
+			if n := s.seen[j].Load(); n != 1 {
+				t.Fatalf("operation %d: index %d ran %d times", i, j, n)
+			}
+		}
+	}
+}
