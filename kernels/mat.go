@@ -36,6 +36,7 @@ import (
 	"unsafe"
 
 	"github.com/cortiq/cortiq/half"
+	"github.com/cortiq/cortiq/hugemem"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -55,6 +56,7 @@ type Mat struct {
 	once sync.Once
 	err  error
 	side
+	keep *hugemem.Buf // the buffer Data lies in, when MoE.Pack copied it there
 }
 
 // side holds what the kernels derive from Data once.

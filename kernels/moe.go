@@ -1,6 +1,10 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/cortiq/cortiq/hugemem"
+)
 
 // Mixture-of-experts FFN (architectures.md §5, §6.5, §8): a router
 // softmax over all experts in float32, the top k, renormalised when the
@@ -243,4 +247,62 @@ func (s *MoEScratch) expert(p *Pool, ex *Expert, n, dim int) {
 	SiLUMul(s.g, s.u)
 	s.see(ex.Down, s.g, n)
 	p.MatMul(ex.Down, s.g, n, s.y)
+}
+
+// PackedBytes returns the bytes Pack copies: the routed experts' matrices,
+// each rounded up to 64 bytes.
+func (m *MoE) PackedBytes() int64 {
+	var n int64
+	for e := range m.Experts {
+		x := &m.Experts[e]
+		for _, w := range []*Mat{x.Gate, x.Up, x.Down} {
+			n += int64(len(w.Data)+63) &^ 63
+		}
+	}
+	return n
+}
+
+// Pack returns a copy of m whose routed experts' matrices have been copied
+// into one buffer advised for huge pages (hugemem), expert after expert
+// as gate, up, down, each at a 64-byte boundary; the router and the shared
+// expert stay where they are, and m is unchanged. Decode reads k experts
+// chosen at random per token, each a few 0.1–1 MB matrices: over 4 KB
+// pages (the model file's mapping, or the Go heap) every expert starts
+// with TLB misses and a fresh page walk, over 2 MB pages it does not (on
+// the 2-core test machine the MoE decode benchmark read ~8% faster).
+// Products are bit for bit those of m.
+func (m *MoE) Pack() (*MoE, error) {
+	buf, err := hugemem.Alloc(int(max(m.PackedBytes(), 1)))
+	if err != nil {
+		return nil, fmt.Errorf("kernels: moe pack: %w", err)
+	}
+	mem := buf.Bytes()
+	p := *m
+	p.Experts = make([]Expert, len(m.Experts))
+	off := 0
+	cp := func(w *Mat) (*Mat, error) {
+		n := len(w.Data)
+		d := mem[off : off+n : off+n]
+		copy(d, w.Data)
+		off += (n + 63) &^ 63
+		c, err := NewMat(w.DType, w.Rows, w.Cols, d)
+		if err != nil {
+			return nil, fmt.Errorf("kernels: moe pack: %w", err)
+		}
+		c.keep = buf
+		return c, nil
+	}
+	for e := range m.Experts {
+		x, y := &m.Experts[e], &p.Experts[e]
+		if y.Gate, err = cp(x.Gate); err != nil {
+			return nil, err
+		}
+		if y.Up, err = cp(x.Up); err != nil {
+			return nil, err
+		}
+		if y.Down, err = cp(x.Down); err != nil {
+			return nil, err
+		}
+	}
+	return &p, nil
 }

@@ -21,20 +21,29 @@ type Task interface {
 // queue on a mutex. Close stops the workers.
 //
 // Dispatch is a generation counter: the caller publishes the task and
-// bumps it, workers spinning on it start at once, and the caller spins
-// until the pending count drops to zero. A worker that finds no work for
-// spinTime parks on a channel (so an idle pool costs no CPU) and is woken
-// by the next dispatch. A token's decode runs ~130 operations; parking and
-// waking a thread for each costs tens of microseconds, spinning well under
-// one.
+// bumps it, workers spinning on it join the operation at once, and the
+// caller, once every unit is claimed, closes the operation to late
+// joiners and spins until the workers that joined have left. A worker
+// that finds no work for spinTime parks on a channel (so an idle pool
+// costs no CPU) and is woken by the next dispatch. A token's decode runs
+// ~130 operations; parking and waking a thread for each costs tens of
+// microseconds, spinning well under one.
+//
+// The caller never waits for a worker that has not started: a worker that
+// is parked, or descheduled by a busy machine, when an operation begins
+// (waking one took 60–100 µs on the 2-core test machine) joins whichever
+// operation is current when it runs, and the caller meanwhile takes its
+// share from the back. A MoE decode layer is three operations of 3–300 µs,
+// so waiting for such a worker cost the first layer of every token ~150
+// µs, and a blocked caller then itself took as long to be rescheduled.
 type Pool struct {
 	mu       sync.Mutex
 	n        int
 	closed   bool
-	gen      atomic.Uint32 // bumped to start an operation (or to stop, when closing)
-	pending  atomic.Int32  // workers still running the current operation
+	gen      uint32        // the current operation's generation (caller only)
+	op       atomic.Uint64 // gen<<32 | opClosed | workers inside the operation
 	closing  atomic.Bool
-	waiting  atomic.Bool   // the caller blocks on done
+	waiting  atomic.Uint64 // 1 + the generation whose caller blocks on done; 0: none
 	done     chan struct{} // wakes a blocked caller
 	workers  []poolWorker
 	task     Task
@@ -91,8 +100,40 @@ func (p *Pool) worker(i int) {
 		if p.closing.Load() {
 			return
 		}
-		p.drain(i)
-		p.finish()
+		if p.join(seen) {
+			p.drain(i)
+			p.leave()
+		}
+	}
+}
+
+// opClosed marks an operation whose units are all claimed: no worker may
+// join it any more. The low bits below it count the workers inside.
+const (
+	opClosed = 1 << 31
+	opCount  = opClosed - 1
+)
+
+// join enters operation g unless it has been closed or replaced.
+func (p *Pool) join(g uint32) bool {
+	for {
+		v := p.op.Load()
+		if uint32(v>>32) != g || v&opClosed != 0 {
+			return false
+		}
+		if p.op.CompareAndSwap(v, v+1) {
+			return true
+		}
+	}
+}
+
+// leave marks a worker's part of the operation done and wakes a caller
+// blocked in wait when it was the last one inside a closed operation.
+func (p *Pool) leave() {
+	// The generation in the flag keeps a worker delayed here from waking
+	// the caller of a later operation.
+	if v := p.op.Add(^uint64(0)); v&opClosed != 0 && v&opCount == 0 && p.waiting.CompareAndSwap(1+v>>32, 0) {
+		p.done <- struct{}{}
 	}
 }
 
@@ -102,7 +143,7 @@ func (p *Pool) await(w *poolWorker, seen uint32) uint32 {
 	for {
 		t0 := time.Now()
 		for i := 1; ; i++ {
-			if g := p.gen.Load(); g != seen {
+			if g := uint32(p.op.Load() >> 32); g != seen {
 				return g
 			}
 			spinPause()
@@ -111,7 +152,7 @@ func (p *Pool) await(w *poolWorker, seen uint32) uint32 {
 			}
 		}
 		w.parked.Store(true)
-		if g := p.gen.Load(); g != seen {
+		if g := uint32(p.op.Load() >> 32); g != seen {
 			if !w.parked.CompareAndSwap(true, false) {
 				<-w.wake // the dispatcher saw the flag and sends a wake-up
 			}
@@ -121,10 +162,11 @@ func (p *Pool) await(w *poolWorker, seen uint32) uint32 {
 	}
 }
 
-// start publishes the current task to the workers.
+// start publishes the current task to the workers: a new generation,
+// open, nobody inside (the previous operation has been closed and left).
 func (p *Pool) start() {
-	p.pending.Store(int32(p.n - 1))
-	p.gen.Add(1)
+	p.gen++
+	p.op.Store(uint64(p.gen) << 32)
 	for i := 1; i < p.n; i++ {
 		if w := &p.workers[i]; w.parked.CompareAndSwap(true, false) {
 			w.wake <- struct{}{}
@@ -132,29 +174,27 @@ func (p *Pool) start() {
 	}
 }
 
-// wait spins until every worker has finished the current operation, and
-// blocks if that takes longer than waitSpin: a worker thread the OS has
-// descheduled (a busy machine) then gets the core back sooner.
+// wait closes the current operation, whose units have all been claimed,
+// and spins until the workers inside it have finished theirs; it blocks
+// if that takes longer than waitSpin: a worker thread the OS has
+// descheduled in the middle of its units (a busy machine) then gets the
+// core back sooner.
 func (p *Pool) wait() {
+	if p.op.Add(opClosed)&opCount == 0 {
+		return
+	}
 	t0 := time.Now()
-	for i := 1; p.pending.Load() != 0; i++ {
+	for i := 1; p.op.Load()&opCount != 0; i++ {
 		spinPause()
 		if i%256 == 0 && time.Since(t0) > waitSpin {
-			p.waiting.Store(true)
-			if p.pending.Load() == 0 && p.waiting.CompareAndSwap(true, false) {
+			w := 1 + uint64(p.gen)
+			p.waiting.Store(w)
+			if p.op.Load()&opCount == 0 && p.waiting.CompareAndSwap(w, 0) {
 				return
 			}
 			<-p.done
 			return
 		}
-	}
-}
-
-// finish marks a worker's part of the operation done and wakes a caller
-// blocked in wait when it was the last.
-func (p *Pool) finish() {
-	if p.pending.Add(-1) == 0 && p.waiting.CompareAndSwap(true, false) {
-		p.done <- struct{}{}
 	}
 }
 

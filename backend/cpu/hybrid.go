@@ -2,9 +2,11 @@ package cpu
 
 import (
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/cortiq/cortiq/backend"
+	"github.com/cortiq/cortiq/hugemem"
 	"github.com/cortiq/cortiq/kernels"
 )
 
@@ -26,6 +28,10 @@ type blocks struct {
 	moe   map[*backend.MoE]*kernels.MoE
 	gdn   map[*backend.DeltaNet]*kernels.GDN
 	names map[*kernels.Mat]string // tensor names, for the observer
+	// packed is the expert bytes copied into huge pages so far; noPack
+	// stops further copies (no memory left, or the copy failed).
+	packed int64
+	noPack bool
 }
 
 // view returns m's kernel matrix and records its name; the caller holds b.mu.
@@ -59,6 +65,37 @@ func (st *state) observer() func(m *kernels.Mat, x []float32, rows, cols int) {
 	}
 }
 
+// pack returns m with its routed experts copied into huge pages
+// (kernels.MoE.Pack: decode reads them ~8% faster than in place in the
+// file's 4 KB pages), or m itself when the kernel has transparent huge
+// pages off, when the copy would take more than half the memory still
+// available (the file's pages stay cached but can be reclaimed), or when
+// the copy fails. The caller holds b.mu.
+func (b *blocks) pack(m *kernels.MoE) *kernels.MoE {
+	if b.noPack || !hugemem.Enabled() {
+		return m
+	}
+	n := m.PackedBytes()
+	if avail := hugemem.Available(); avail < 0 || 2*n > avail {
+		slog.Warn("cpu: MoE experts stay in the file's mapping (4 KB pages): not enough memory to copy them into huge pages", "layer_bytes", n, "available", avail, "packed_so_far", b.packed)
+		b.noPack = true
+		return m
+	}
+	p, err := m.Pack()
+	if err != nil {
+		slog.Warn("cpu: MoE experts stay in the file's mapping", "err", err)
+		b.noPack = true
+		return m
+	}
+	for e := range m.Experts {
+		b.names[p.Experts[e].Gate] = b.names[m.Experts[e].Gate]
+		b.names[p.Experts[e].Up] = b.names[m.Experts[e].Up]
+		b.names[p.Experts[e].Down] = b.names[m.Experts[e].Down]
+	}
+	b.packed += n
+	return p
+}
+
 func (b *blocks) moeOf(w *backend.MoE) (*kernels.MoE, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -76,6 +113,7 @@ func (b *blocks) moeOf(w *backend.MoE) (*kernels.MoE, error) {
 	if err := m.Check(m.Router.Cols); err != nil {
 		return nil, err
 	}
+	m = b.pack(m)
 	if b.moe == nil {
 		b.moe = map[*backend.MoE]*kernels.MoE{}
 	}
