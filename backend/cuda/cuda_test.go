@@ -54,15 +54,24 @@ func TestOpenWithoutGPU(t *testing.T) {
 // (TestGPUMMQParity logs the distances; the fake's models,
 // TestParitySuiteNumericOnFakeMMQ, are within 3e-7).
 func TestGPUParity(t *testing.T) {
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64})
+	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64}, 1e-5, 1e-5)
+}
+
+// parityAgainstCPU runs the parity suite on a device opened with opt
+// against the CPU backend: f32 held to 1e-10, q8_row and q8_2f to q8, q4tp
+// to q4, the float16 formats to 1e-9.
+func parityAgainstCPU(t *testing.T, opt cuda.Options, q8, q4 float64) {
+	g := open(t, opt)
 	c := cpu.New(2)
 	defer c.Close()
 	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
 		switch k.DType {
 		case quant.F32:
 			return 1e-10
-		case quant.Q8Row, quant.Q82F, quant.Q4TP:
-			return 1e-5
+		case quant.Q8Row, quant.Q82F:
+			return q8
+		case quant.Q4TP:
+			return q4
 		}
 		return 1e-9
 	})
@@ -75,20 +84,7 @@ func TestGPUParity(t *testing.T) {
 // activations to int8 per block of 32, this path to bf16), the other
 // quantized formats to 1e-5.
 func TestGPUParityBF16Wide(t *testing.T) {
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, BF16Wide: true})
-	c := cpu.New(2)
-	defer c.Close()
-	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
-		switch k.DType {
-		case quant.F32:
-			return 1e-10
-		case quant.Q4TP:
-			return 3e-4
-		case quant.Q8Row, quant.Q82F:
-			return 1e-5
-		}
-		return 1e-9
-	})
+	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, BF16Wide: true}, 1e-5, 3e-4)
 }
 
 // TestGPUParityBF16GEMM: the parity suite with Options.NoMMQ (steps of
@@ -98,18 +94,7 @@ func TestGPUParityBF16Wide(t *testing.T) {
 // (TestParitySuiteNumericOnFake) are already 1.1e-4 from the CPU here, so
 // 1e-4 would fail correct kernels.
 func TestGPUParityBF16GEMM(t *testing.T) {
-	g := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoMMQ: true})
-	c := cpu.New(2)
-	defer c.Close()
-	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
-		switch k.DType {
-		case quant.F32:
-			return 1e-10
-		case quant.Q8Row, quant.Q82F, quant.Q4TP:
-			return 3e-4
-		}
-		return 1e-9
-	})
+	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, NoMMQ: true}, 3e-4, 3e-4)
 }
 
 // runCase runs case k over sched on d. A case d does not implement yet (an

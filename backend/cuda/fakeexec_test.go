@@ -265,50 +265,18 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 	case strings.HasPrefix(name, "gemmb_q4tp_w"):
 		// Σ_k w[o,k]·bf16(x)[t,k] (+ bias) =|+= Y over up to three tensors.
-		var gq fakeGemmQ
-		for j := range 3 {
-			gq.parts[j].w, gq.parts[j].rows, gq.parts[j].bias = c.ptr(j), c.int(3+j), c.ptr(11+j)
-		}
-		gq.cols, gq.xq, gq.y, gq.ldy, gq.T, gq.acc = c.int(6), c.ptr(7), c.ptr(8), c.int(9), c.int(10), c.int(14) != 0
-		xb := f.bytesAt(gq.xq, 2*int64(gq.T*gq.cols))
-		y := f.view(gq.y, int(rowsSpan(gq.T, gq.ldy, gq.total())/4))
-		xv := make([][]float64, gq.T)
-		for t := range gq.T {
-			xv[t] = make([]float64, gq.cols)
-			for k := range gq.cols {
+		g := fakeGemmBArgs(c)
+		xb := f.bytesAt(g.xq, 2*int64(g.T*g.cols))
+		xv := make([][]float64, g.T)
+		for t := range g.T {
+			xv[t] = make([]float64, g.cols)
+			for k := range g.cols {
 				m, q := k&7, (k&31)>>3
-				h := binary.LittleEndian.Uint16(xb[2*(t*gq.cols+k&^31+2*q+m>>2+8*(m&3)):])
+				h := binary.LittleEndian.Uint16(xb[2*(t*g.cols+k&^31+2*q+m>>2+8*(m&3)):])
 				xv[t][k] = float64(math.Float32frombits(uint32(h) << 16))
 			}
 		}
-		col := 0
-		for _, p := range gq.parts {
-			if p.rows == 0 {
-				continue
-			}
-			w := f.weights("q4tp", p.w, p.rows, gq.cols)
-			var b f32s
-			if p.bias != 0 {
-				b = f.view(p.bias, p.rows)
-			}
-			for t := range gq.T {
-				for o := range p.rows {
-					var s float64
-					for k, v := range xv[t] {
-						s += float64(w[o*gq.cols+k]) * v
-					}
-					v := float32(s)
-					if b != nil {
-						v += b.at(o)
-					}
-					if gq.acc {
-						v += y.at(t*gq.ldy + col + o)
-					}
-					y.set(t*gq.ldy+col+o, v)
-				}
-			}
-			col += p.rows
-		}
+		f.gemmParts("q4tp", g, xv)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
 		// scale after the sum), + bias, =|+= Y; the wide tiles over up to
@@ -318,7 +286,6 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		g := fakeGemmQArgs(c, perm > 1)
 		nb := g.cols / 32
 		xq, d := f.bytesAt(g.xq, int64(g.T*g.cols)), f.view(g.d, g.T*nb)
-		y := f.view(g.y, int(rowsSpan(g.T, g.ldy, g.total())/4))
 		xv := make([][]float64, g.T)
 		for t := range g.T {
 			xv[t] = make([]float64, g.cols)
@@ -326,42 +293,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				xv[t][k] = float64(int8(xq[t*g.cols+32*(k/32)+qpos(k%32, perm)])) * float64(d.at(t*nb+k/32))
 			}
 		}
-		col := 0
-		for _, p := range g.parts {
-			if p.rows == 0 {
-				continue
-			}
-			var w []float32
-			if fam == "q8row" {
-				w = f.weights("q8quants", p.w, p.rows, g.cols)
-			} else {
-				w = f.weights(fam, p.w, p.rows, g.cols)
-			}
-			var b f32s
-			if p.bias != 0 {
-				b = f.view(p.bias, p.rows)
-			}
-			for t := range g.T {
-				for o := range p.rows {
-					var s float64
-					for k, v := range xv[t] {
-						s += float64(w[o*g.cols+k]) * v
-					}
-					v := float32(s)
-					if fam == "q8row" {
-						v *= f.q8scale(p.w, p.rows, g.cols, o)
-					}
-					if b != nil {
-						v += b.at(o)
-					}
-					if g.acc {
-						v += y.at(t*g.ldy + col + o)
-					}
-					y.set(t*g.ldy+col+o, v)
-				}
-			}
-			col += p.rows
-		}
+		f.gemmParts(fam, g, xv)
 	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"):
 		fam := strings.Split(name, "_")[1]
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
@@ -1249,4 +1181,58 @@ func fakeGemmQArgs(c *fakeCall, wide bool) fakeGemmQ {
 	}
 	g.cols, g.xq, g.d, g.y, g.ldy, g.T, g.acc = c.int(6), c.ptr(7), c.ptr(8), c.ptr(9), c.int(10), c.int(11), c.int(15) != 0
 	return g
+}
+
+// fakeGemmBArgs is a gemmb_q4tp_w* launch's parameters (W0..2, rows0..2,
+// cols, XB, Y, ldy, T, b0..2, accumulate); xq holds XB.
+func fakeGemmBArgs(c *fakeCall) fakeGemmQ {
+	var g fakeGemmQ
+	for j := range 3 {
+		g.parts[j].w, g.parts[j].rows, g.parts[j].bias = c.ptr(j), c.int(3+j), c.ptr(11+j)
+	}
+	g.cols, g.xq, g.y, g.ldy, g.T, g.acc = c.int(6), c.ptr(7), c.ptr(8), c.int(9), c.int(10), c.int(14) != 0
+	return g
+}
+
+// gemmParts writes Y's columns of each of g's tensors (format fam; q8row
+// as its int8 quants, the row scale after the sum): Σ_k w[o,k]·xv[t][k]
+// in float64, + bias, =|+= Y, the tensors side by side.
+func (f *fakeGPU) gemmParts(fam string, g fakeGemmQ, xv [][]float64) {
+	y := f.view(g.y, int(rowsSpan(g.T, g.ldy, g.total())/4))
+	col := 0
+	for _, p := range g.parts {
+		if p.rows == 0 {
+			continue
+		}
+		var w []float32
+		if fam == "q8row" {
+			w = f.weights("q8quants", p.w, p.rows, g.cols)
+		} else {
+			w = f.weights(fam, p.w, p.rows, g.cols)
+		}
+		var b f32s
+		if p.bias != 0 {
+			b = f.view(p.bias, p.rows)
+		}
+		for t := range g.T {
+			for o := range p.rows {
+				var s float64
+				for k, v := range xv[t] {
+					s += float64(w[o*g.cols+k]) * v
+				}
+				v := float32(s)
+				if fam == "q8row" {
+					v *= f.q8scale(p.w, p.rows, g.cols, o)
+				}
+				if b != nil {
+					v += b.at(o)
+				}
+				if g.acc {
+					v += y.at(t*g.ldy + col + o)
+				}
+				y.set(t*g.ldy+col+o, v)
+			}
+		}
+		col += p.rows
+	}
 }

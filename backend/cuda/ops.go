@@ -783,61 +783,57 @@ func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
 		st.fail(err)
 		return
 	}
-	if dt == quant.Q4TP && rows <= 64 && st.d.opt.BF16Wide {
-		// The bf16 wide tiles (Options.BF16Wide).
-		g.BF16 = true
-		g.Quants = st.buf("xb16", kern.GemmBScratch(g.Cols, st.d.opt.MaxRows))
-		key := actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, ok: true}
-		st.inGEMM = true
-		defer func() { st.inGEMM = false }()
-		if st.actq != key {
-			g.PackBF16(st.a())
-			cfg := kern.ActQuantLaunch(g.Cols, rows)
-			st.launch("gemmb_actb", cfg.Grid, cfg.Block, 0)
-		}
-		name, gcfg, err := kern.GemmBLaunch(kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows), g.StackedRows(), rows)
-		if err != nil {
-			st.fail(fmt.Errorf("cuda: %w", err))
-			return
-		}
-		g.PackWideBF16(st.a(), rows)
-		st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
-		st.actq = key
-		return
-	}
-	nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
-	g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
 	suffix := kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows)
-	perm := kern.GemmQPerm(f, suffix)
-	key := actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: perm, ok: true}
-	st.inGEMM = true
-	defer func() { st.inGEMM = false }()
-	if st.actq != key {
-		g.PackQuant(st.a(), perm)
-		cfg := kern.ActQuantLaunch(g.Cols, rows)
-		st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+	// The quantizer and the GEMM: the int8 tiles, or for q4tp with
+	// Options.BF16Wide the bf16 wide tiles (their activations in bf16; perm
+	// -1 keeps the two apart in the sharing key).
+	g.BF16 = dt == quant.Q4TP && rows <= 64 && st.d.opt.BF16Wide
+	var key actqKey
+	var name string
+	var gcfg driver.Config
+	if g.BF16 {
+		g.Quants = st.buf("xb16", kern.GemmBScratch(g.Cols, st.d.opt.MaxRows))
+		key = actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, ok: true}
+		name, gcfg, err = kern.GemmBLaunch(suffix, g.StackedRows(), rows)
+	} else {
+		nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
+		g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
+		key = actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: kern.GemmQPerm(f, suffix), ok: true}
+		name, gcfg, err = kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
 	}
-	name, gcfg, err := kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: %w", err))
 		return
 	}
-	if strings.HasPrefix(suffix, "_w") {
-		g.PackWide(st.a(), rows)
-	} else if len(g.More) > 0 {
+	wide := strings.HasPrefix(suffix, "_w")
+	if len(g.More) > 0 && !wide {
 		st.fail(fmt.Errorf("cuda: stacked int8 GEMM on tile %s", name))
 		return
-	} else {
+	}
+	st.inGEMM = true
+	defer func() { st.inGEMM = false }()
+	if st.actq != key {
+		qname := "gemmq_actq"
+		if g.BF16 {
+			qname = "gemmb_actb"
+			g.PackBF16(st.a())
+		} else {
+			g.PackQuant(st.a(), key.perm)
+		}
+		cfg := kern.ActQuantLaunch(g.Cols, rows)
+		st.launch(qname, cfg.Grid, cfg.Block, 0)
+	}
+	switch {
+	case g.BF16:
+		g.PackWideBF16(st.a(), rows)
+	case wide:
+		g.PackWide(st.a(), rows)
+	default:
 		g.Pack(st.a(), rows)
 	}
 	st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
 	st.actq = key
-	total := int64(g.Rows)
-	for _, p := range g.More {
-		total += int64(p.Rows)
-	}
-	x, y := g.X, g.Y
-	if y < x+driver.DevicePtr(4*int64(rows)*int64(g.Ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(g.Ldy)) {
+	if x, y := g.X, g.Y; y < x+driver.DevicePtr(4*int64(rows)*int64(g.Ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(g.Ldy)) {
 		st.actq.ok = false // the GEMM wrote its own input (cannot happen for a projection; kept safe)
 	}
 }

@@ -441,29 +441,28 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XB", c.ptr(3), kern.GemmBScratch(cols, T)))
 	case strings.HasPrefix(name, "gemmb_q4tp_w"):
-		cols, ldy, T := c.int(6), c.int(9), c.int(10)
-		stacked := kern.GemmQ{Rows: c.int(3)}
-		total := c.int(3)
-		for j := 1; j < 3; j++ {
-			if r := c.int(3 + j); r > 0 {
-				stacked.More = append(stacked.More, kern.GemmQPart{Rows: r})
-				total += r
+		gb := fakeGemmBArgs(c)
+		cols, ldy, T, total := gb.cols, gb.ldy, gb.T, gb.total()
+		stacked := kern.GemmQ{Rows: gb.parts[0].rows}
+		for _, p := range gb.parts[1:] {
+			if p.rows > 0 {
+				stacked.More = append(stacked.More, kern.GemmQPart{Rows: p.rows})
 			}
 		}
 		wantName, wcfg, err := kern.GemmBLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
 			want(ldy >= total && cols%32 == 0 && T <= 64, "ld"),
-			f.span("XB", c.ptr(7), kern.GemmBScratch(cols, T)), f.span("Y", c.ptr(8), rowsSpan(T, ldy, total))}
-		for j := range 3 {
-			if r := c.int(3 + j); r > 0 {
-				errs = append(errs, want(c.ptr(j)%16 == 0, "alignment"), f.span("W", c.ptr(j), weightBytes("q4tp", r, cols)))
-				if bias := c.ptr(11 + j); bias != 0 {
-					errs = append(errs, f.span("bias", bias, 4*int64(r)))
+			f.span("XB", gb.xq, kern.GemmBScratch(cols, T)), f.span("Y", gb.y, rowsSpan(T, ldy, total))}
+		for _, p := range gb.parts {
+			if p.rows > 0 {
+				errs = append(errs, want(p.w%16 == 0, "alignment"), f.span("W", p.w, weightBytes("q4tp", p.rows, cols)))
+				if p.bias != 0 {
+					errs = append(errs, f.span("bias", p.bias, 4*int64(p.rows)))
 				}
 			}
 		}
-		if f.lastActB == nil || f.lastActB.ptr(3) != c.ptr(7) || f.lastActB.int(2) != cols || int(f.lastActB.cfg.Grid.Y) != T {
+		if f.lastActB == nil || f.lastActB.ptr(3) != gb.xq || f.lastActB.int(2) != cols || int(f.lastActB.cfg.Grid.Y) != T {
 			errs = append(errs, fmt.Errorf("not preceded by a gemmb_actb of its activations (%d rows × %d)", T, cols))
 		}
 		return errorsJoin(errs...)

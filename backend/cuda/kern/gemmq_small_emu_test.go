@@ -345,52 +345,17 @@ func TestGemmQSmallEmulation(t *testing.T) {
 				t.Fatal(err)
 			}
 			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
-			ldx, ldy := cols+3, rows+2
+			ldx := cols + 3
 			x := vec(T*ldx, 1)
 			bias := vec(rows, 0.1)
 			xq, d := emuActQ(x, ldx, cols, T, q4)
 			for _, tl := range gemmqSmall[fam] {
 				t.Run(fmt.Sprintf("%s/%dx%d/T%d/gemmq%s", dt, rows, cols, T, tl.Suffix), func(t *testing.T) {
-					y0 := vec((T+1)*ldy, 1)
-					y := append([]float32(nil), y0...)
-					out := emuGemmQSmall(tl, q4, wb, rows, cols, xq, d, y, ldy, T, bias, true)
-					if out.maxShared > tl.Shared(fam) {
-						t.Fatalf("ring of %d bytes, %d touched", tl.Shared(fam), out.maxShared)
-					}
-					ys := make([]float32, T*rows)
-					emuGemmQSmall(tl, q4, wb, rows, cols, xq, d, ys, rows, T, nil, false)
-					var num, den float64
-					for ti := range T + 1 {
-						var xe []float64
-						if ti < T {
-							xe = ActQuant(x[ti*ldx : ti*ldx+cols])
-						}
-						for o := range ldy {
-							if ti >= T || o >= rows {
-								if y[ti*ldy+o] != y0[ti*ldy+o] {
-									t.Fatalf("y[%d][%d] outside the product written", ti, o)
-								}
-								continue
-							}
-							want := float64(bias[o]) + float64(y0[ti*ldy+o])
-							mag := math.Abs(want)
-							for k, v := range xe {
-								p := float64(wd[o*cols+k]) * v
-								want += p
-								mag += math.Abs(p)
-							}
-							if diff := math.Abs(float64(y[ti*ldy+o]) - want); diff > 1e-5*mag+1e-7 {
-								t.Fatalf("y[%d][%d] = %g, reference %g (|diff| %g, scale %g)", ti, o, y[ti*ldy+o], want, diff, mag)
-							}
-							s := float64(seqOrder(q4, wb, rows, cols, xq, d, ti, o))
-							num += (float64(ys[ti*rows+o]) - s) * (float64(ys[ti*rows+o]) - s)
-							den += s * s
-						}
-					}
-					if nmse := num / den; nmse > 1e-10 || math.IsNaN(nmse) {
-						t.Errorf("NMSE %.3g against the single-accumulator order (bound 1e-10)", nmse)
-					} else {
-						t.Logf("NMSE against the single-accumulator order %.3g", nmse)
+					used := checkEmuGemm(t, func(y []float32, ldy int, bias []float32, acc bool) int {
+						return emuGemmQSmall(tl, q4, wb, rows, cols, xq, d, y, ldy, T, bias, acc).maxShared
+					}, q4, wb, wd, rows, cols, x, ldx, xq, d, T, bias, vec)
+					if used > tl.Shared(fam) {
+						t.Fatalf("ring of %d bytes, %d touched", tl.Shared(fam), used)
 					}
 				})
 			}
@@ -454,4 +419,58 @@ func TestBuildSpillsNoMore(t *testing.T) {
 	if m.Spilling == nil || *m.Spilling > 2 {
 		t.Fatalf("ptxas reports %v spilling functions, at most 2 known (mv_bf16_r4, mv_f16_r4)", m.Spilling)
 	}
+}
+
+// checkEmuGemm runs an emulated int8 GEMM (run: into y with leading
+// dimension ldy, optional bias, accumulate or store; it returns the
+// shared-memory bytes touched) twice: with bias and accumulate into a
+// random Y of T+1 rows and padded columns, against float64 sums of the
+// decoded weights wd × kern.ActQuant's activations of x (tolerance 1e-5
+// of Σ|terms|, every element outside the product untouched), and as a
+// plain store, whose NMSE against the single-accumulator order of the
+// CPU (seqOrder over xqSeq, the quants in the _s tiles' order) must stay
+// under 1e-10. It returns the larger shared-memory extent of the two runs.
+func checkEmuGemm(t *testing.T, run func(y []float32, ldy int, bias []float32, acc bool) int, q4 bool, wb []byte, wd []float32,
+	rows, cols int, x []float32, ldx int, xqSeq []int8, d []float32, T int, bias []float32, vec func(int, float32) []float32) int {
+	t.Helper()
+	ldy := rows + 2
+	y0 := vec((T+1)*ldy, 1)
+	y := append([]float32(nil), y0...)
+	used := run(y, ldy, bias, true)
+	ys := make([]float32, T*rows)
+	used = max(used, run(ys, rows, nil, false))
+	var num, den float64
+	for ti := range T + 1 {
+		var xe []float64
+		if ti < T {
+			xe = ActQuant(x[ti*ldx : ti*ldx+cols])
+		}
+		for o := range ldy {
+			if ti >= T || o >= rows {
+				if y[ti*ldy+o] != y0[ti*ldy+o] {
+					t.Fatalf("y[%d][%d] outside the product written", ti, o)
+				}
+				continue
+			}
+			want := float64(bias[o]) + float64(y0[ti*ldy+o])
+			mag := math.Abs(want)
+			for k, v := range xe {
+				p := float64(wd[o*cols+k]) * v
+				want += p
+				mag += math.Abs(p)
+			}
+			if diff := math.Abs(float64(y[ti*ldy+o]) - want); diff > 1e-5*mag+1e-7 {
+				t.Fatalf("y[%d][%d] = %g, reference %g (|diff| %g, scale %g)", ti, o, y[ti*ldy+o], want, diff, mag)
+			}
+			s := float64(seqOrder(q4, wb, rows, cols, xqSeq, d, ti, o))
+			num += (float64(ys[ti*rows+o]) - s) * (float64(ys[ti*rows+o]) - s)
+			den += s * s
+		}
+	}
+	if nmse := num / den; nmse > 1e-10 || math.IsNaN(nmse) {
+		t.Errorf("NMSE %.3g against the single-accumulator order (bound 1e-10)", nmse)
+	} else {
+		t.Logf("NMSE against the single-accumulator order %.3g", nmse)
+	}
+	return used
 }

@@ -322,7 +322,7 @@ func TestGemmQWideEmulation(t *testing.T) {
 				t.Fatal(err)
 			}
 			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
-			ldx, ldy := cols+3, rows+2
+			ldx := cols + 3
 			x := vec(T*ldx, 1)
 			bias := vec(rows, 0.1)
 			xq, d := emuActQPerm(x, ldx, cols, T, GemmQPerm(fam, "_w"))
@@ -332,43 +332,11 @@ func TestGemmQWideEmulation(t *testing.T) {
 					continue // the tiles differ only in KS: 1, 8 and one 4 cover the slicing
 				}
 				t.Run(fmt.Sprintf("%s/%dx%d/T%d/gemmq%s", dt, rows, cols, T, tl.Suffix), func(t *testing.T) {
-					y0 := vec((T+1)*ldy, 1)
-					y := append([]float32(nil), y0...)
-					if used := emuGemmQWide(tl, q4, wb, rows, cols, xq, d, y, ldy, T, bias, true); used > tl.Shared(fam) {
+					used := checkEmuGemm(t, func(y []float32, ldy int, bias []float32, acc bool) int {
+						return emuGemmQWide(tl, q4, wb, rows, cols, xq, d, y, ldy, T, bias, acc)
+					}, q4, wb, wd, rows, cols, x, ldx, xqs, d, T, bias, vec)
+					if used > tl.Shared(fam) {
 						t.Fatalf("%d bytes of shared memory, %d touched", tl.Shared(fam), used)
-					}
-					ys := make([]float32, T*rows)
-					emuGemmQWide(tl, q4, wb, rows, cols, xq, d, ys, rows, T, nil, false)
-					var num, den float64
-					for ti := range T + 1 {
-						var xe []float64
-						if ti < T {
-							xe = ActQuant(x[ti*ldx : ti*ldx+cols])
-						}
-						for o := range ldy {
-							if ti >= T || o >= rows {
-								if y[ti*ldy+o] != y0[ti*ldy+o] {
-									t.Fatalf("y[%d][%d] outside the product written", ti, o)
-								}
-								continue
-							}
-							want := float64(bias[o]) + float64(y0[ti*ldy+o])
-							mag := math.Abs(want)
-							for k, v := range xe {
-								p := float64(wd[o*cols+k]) * v
-								want += p
-								mag += math.Abs(p)
-							}
-							if diff := math.Abs(float64(y[ti*ldy+o]) - want); diff > 1e-5*mag+1e-7 {
-								t.Fatalf("y[%d][%d] = %g, reference %g (|diff| %g, scale %g)", ti, o, y[ti*ldy+o], want, diff, mag)
-							}
-							s := float64(seqOrder(q4, wb, rows, cols, xqs, d, ti, o))
-							num += (float64(ys[ti*rows+o]) - s) * (float64(ys[ti*rows+o]) - s)
-							den += s * s
-						}
-					}
-					if nmse := num / den; nmse > 1e-10 || math.IsNaN(nmse) {
-						t.Errorf("NMSE %.3g against the single-accumulator order (bound 1e-10)", nmse)
 					}
 				})
 			}

@@ -971,17 +971,17 @@ GEMMQ_WIDE_KS(q8row, GQWQ8, 32, 2, 2)
 GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
 
 // ---------------------------------------------------------------------------
-// bf16 wide tiles gemmb_q4tp_w<BM>k<KS> (batched decode of q4tp, T ≤ 64;
-// the default there, Options.ExactMMQ keeps the int8 tiles): the wide
+// bf16 wide tiles gemmb_q4tp_w<BM>k<KS> (batched decode of q4tp, T ≤ 64,
+// opt-in: Options.BF16Wide; the int8 tiles stay the default): the wide
 // tiles' blocks, clusters, ring and epilogue, but the activations are
 // bf16 (gemmb_actb: each x rounded to nearest even, nothing else) and the
 // weights exact: a lane's word q of row g's group becomes four bf16 pairs
 // (n_m, n_{m+4}) − 8 with one shift, one logic operation and one bf16x2
 // FMA each ((0x4300 | n) is bf16 128 + n), the two m16n8k16 products of a
 // group (k 0-15, 16-31) accumulate in f32 from zero, and acc += c·rung in
-// f32. No activation scale and no integer conversion: ~5 instructions an
-// m16n8k16 instead of the int8 tile's ~16 an m16n8k32, so the tile is
-// bound by the tensor cores' bf16 rate, not by issue. Rounding: only the
+// f32. No activation scale or integer conversion (~5 instructions an m16n8k16
+// by the source, the int8 inner loop's SASS ~16 an m16n8k32), yet 5-10% slower
+// than the int8 tiles on the H200 (stop 19 run 4, docs/gpu.md). Rounding: only the
 // activations' (bf16, relative 2^-9; the int8 quants' is ~2^-8 of the
 // block's largest); weights, rungs and every sum are exact or f32.
 // gemmb_actb's order within a block of 32: element 8q + m at 2q + m/4 +
