@@ -84,6 +84,12 @@ func Cases() []Case {
 			cs = append(cs, c)
 		}
 	}
+	// Heads of 6 dimensions: not a multiple of 4, so a GPU runs them on
+	// attn_split + attn_merge, not attn_tiles (f32 only: 4·6 columns are
+	// no whole block of a quantized format).
+	h6 := base
+	h6.Name, h6.Op, h6.DType, h6.HeadDim, h6.Rope.HeadDim = "attention/f32/hd6", "attention", quant.F32, 6, 6
+	cs = append(cs, h6)
 	mb := base
 	mb.Name, mb.Op, mb.DType, mb.Bias = "mlp/q8_2f/bias", "mlp", quant.Q82F, true
 	cs = append(cs, mb)

@@ -80,6 +80,9 @@ type Options struct {
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
+	// ProfileRows, when positive, profiles only the steps of that many
+	// rows (e.g. 64: a 64-sequence decode step without the prefills).
+	ProfileRows int
 }
 
 // Device is one GPU.
@@ -154,7 +157,7 @@ func Open(opt Options) (*Device, error) {
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {
-		d.prof = &profile{}
+		d.prof = &profile{rows: opt.ProfileRows}
 	}
 	d.do = func(f func(r runner) error) error {
 		return dev.Do(func(c *driver.Ctx) error { return f(gpuRunner{c: c, d: d}) })

@@ -465,6 +465,51 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 		}
+	case name == "attn_tiles":
+		// attn.cu's attn_tiles: split and merge in one launch; the
+		// result is the softmax-weighted sum over each row's positions
+		// (the splits only change the rounding), zeros for no position.
+		ldq, ldo, nq, nkv, hd, ctx, scale := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.f32(15)
+		R := int(g.Z)
+		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
+		per := f.seqs * nkv * ctx * hd
+		kc, vc := f.view(c.ptr(2), per), f.view(c.ptr(3), per)
+		pos, _ := f.ints(c.ptr(4), R)
+		slot, _ := f.ints(c.ptr(5), R)
+		out := f.view(c.ptr(8), int(rowsSpan(R, ldo, nq*hd)/4))
+		G := nq / nkv
+		for r := range R {
+			n := min(max(pos[r]+1, 0), ctx)
+			for h := range nq {
+				base := (slot[r]*nkv + h/G) * ctx * hd
+				sc := make([]float64, n)
+				M := math.Inf(-1)
+				for t := range n {
+					var dot float64
+					for d := range hd {
+						dot += float64(q.at(r*ldq+h*hd+d)) * float64(kc.at(base+t*hd+d))
+					}
+					sc[t] = dot * float64(scale)
+					M = math.Max(M, sc[t])
+				}
+				var L float64
+				o := make([]float64, hd)
+				for t := range n {
+					p := math.Exp(sc[t] - M)
+					L += p
+					for d := range hd {
+						o[d] += p * float64(vc.at(base+t*hd+d))
+					}
+				}
+				for d := range hd {
+					v := 0.0
+					if L > 0 {
+						v = o[d] / L
+					}
+					out.set(r*ldo+h*hd+d, float32(v))
+				}
+			}
+		}
 	case name == "argmax":
 		// sample.cu's argmax: ties to the lowest index, NaN never chosen.
 		ld, n, R := c.int(1), c.int(2), int(g.X)

@@ -32,6 +32,8 @@ type runner interface {
 	htod(dst driver.DevicePtr, off, n int) error
 	dtoh(off int, src driver.DevicePtr, n int) error
 	dtod(dst, src driver.DevicePtr, n int64) error
+	// zero queues n zero bytes at p on the step's stream.
+	zero(p driver.DevicePtr, n int64) error
 	beginCapture() error
 	endCapture() (driver.GraphExec, error) // the instantiated graph
 	graphLaunch(g driver.GraphExec) error
@@ -87,6 +89,7 @@ func (g gpuRunner) profStart() error {
 	if g.d.prof == nil {
 		return nil
 	}
+	g.d.prof.skip = g.d.prof.rows > 0 && (g.d.st == nil || g.d.st.rows != g.d.prof.rows)
 	return g.d.prof.mark(g.c, g.d.strm, "")
 }
 func (g gpuRunner) profEnd() error {
@@ -105,6 +108,9 @@ func (g gpuRunner) dtoh(off int, src driver.DevicePtr, n int) error {
 }
 func (g gpuRunner) dtod(dst, src driver.DevicePtr, n int64) error {
 	return g.c.DtoDAsync(dst, src, n, g.d.strm)
+}
+func (g gpuRunner) zero(p driver.DevicePtr, n int64) error {
+	return g.c.MemsetD8Async(p, 0, n, g.d.strm)
 }
 func (g gpuRunner) beginCapture() error {
 	return g.c.BeginCapture(g.d.strm, driver.CaptureThreadLocal)
@@ -222,11 +228,13 @@ type devBuf struct {
 // xs, logits and the dynamic-RoPE frequencies (each at most maxRows ×
 // widest floats); the int8 GEMM's quants and scales (unless Options.NoMMQ: 1.125
 // bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
-// widest + 2·heads floats, bounded by 2·widest); a Gated DeltaNet layer's
+// widest + 2·heads floats, bounded by 2·widest, for the larger of the two
+// kernels' split counts) and attn_tiles' counters; a Gated DeltaNet layer's
 // projections, conv output and rule output.
 func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) int64 {
 	M, w := int64(maxRows), int64(widest)
-	n := 12*M + 4*M*w*10 + 4*int64(attnPartRows(sms, spec.KVHeads, maxRows))*w*2
+	parts := max(attnPartRows(sms, spec.KVHeads, maxRows, attnSplits), attnPartRows(sms, spec.KVHeads, maxRows, kern.AttnTilesSplits))
+	n := 12*M + 4*M*w*10 + 4*int64(parts)*w*2 + 4*M*int64(max(spec.KVHeads, 1))
 	if mmq {
 		n += 2 * M * w
 	}
@@ -297,6 +305,22 @@ func (st *state) buf(name string, n int64) driver.DevicePtr {
 		return 0
 	}
 	st.bufs[name] = devBuf{p, n}
+	return p
+}
+
+// bufZeroed is buf for scratch that must start as zeros (attn_tiles'
+// counters, which the kernel itself returns to zero): a new allocation is
+// cleared on the step's stream before its first use.
+func (st *state) bufZeroed(name string, n int64) driver.DevicePtr {
+	b, had := st.bufs[name]
+	p := st.buf(name, n)
+	if st.err != nil || p == 0 || (had && b.p == p) {
+		return p
+	}
+	if err := st.r.zero(p, n); err != nil {
+		st.fail(fmt.Errorf("cuda: clearing scratch %s: %w", name, err))
+		return 0
+	}
 	return p
 }
 
@@ -933,11 +957,15 @@ func attnSplits(sms, nkv, rows int) int {
 	return max(1, min(64, 2*sms/max(1, nkv*rows)))
 }
 
-// attnPartRows bounds rows·attnSplits(rows) over every rows ≤ maxRows, so
-// that one partials buffer serves every step (a fixed address between
-// steps of different shapes): rows·⌊2·sms/(nkv·rows)⌋ ≤ 2·sms/nkv.
-func attnPartRows(sms, nkv, maxRows int) int {
-	return max(maxRows, 2*sms/max(1, nkv))
+// attnPartRows bounds rows·splits(rows) over every rows ≤ maxRows, so that
+// one partials buffer serves every step (a fixed address between steps of
+// different shapes).
+func attnPartRows(sms, nkv, maxRows int, splits func(sms, nkv, rows int) int) int {
+	n := 0
+	for r := 1; r <= maxRows; r++ {
+		n = max(n, r*splits(sms, nkv, r))
+	}
+	return n
 }
 
 // Attention adds layer's attention block to x.
@@ -1029,15 +1057,26 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.launch("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0)
 	}
 	// Causal attention: row r sees positions ≤ pos[r] (its chunk's earlier
-	// rows were appended above), split over nsplit chunks of the length.
-	nsplit := attnSplits(d.info.SMs, nkv, R)
-	part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M))*int64(nq)*int64(hd+2)*4)
+	// rows were appended above), split over nsplit chunks of the length:
+	// attn_tiles (split and merge in one launch) where the head fits,
+	// else attn_split + attn_merge.
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).
-		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
-	st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4)
-	st.a().Ptr(part).Ptr(att).Int(qd).Int(nq).Int(hd).Int(nsplit)
-	st.launch("attn_merge", driver.D2(nq, R), driver.D1(128), 0)
+	if kern.AttnTilesFits(hd, ld) {
+		nsplit := kern.AttnTilesSplits(d.info.SMs, nkv, R)
+		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, kern.AttnTilesSplits))*int64(nq)*int64(hd+2)*4)
+		cnt := st.bufZeroed("attn_cnt", int64(M)*int64(nkv)*4)
+		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
+			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+		st.launch("attn_tiles", driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd))
+	} else {
+		nsplit := attnSplits(d.info.SMs, nkv, R)
+		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, attnSplits))*int64(nq)*int64(hd+2)*4)
+		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).
+			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+		st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4)
+		st.a().Ptr(part).Ptr(att).Int(qd).Int(nq).Int(hd).Int(nsplit)
+		st.launch("attn_merge", driver.D2(nq, R), driver.D1(128), 0)
+	}
 	if w.Gated {
 		// att ⊙ σ(gate) before o_proj.
 		st.a().Ptr(att).Int(qd).Ptr(gate).Int(qd).Int(qd)

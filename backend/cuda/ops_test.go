@@ -195,6 +195,19 @@ func (f *fakeGPU) dtod(dst, src driver.DevicePtr, n int64) error {
 	return nil
 }
 
+func (f *fakeGPU) zero(p driver.DevicePtr, n int64) error {
+	if f.capturing {
+		return fmt.Errorf("fake: memset while capturing")
+	}
+	if f.find(p, n) == nil {
+		return fmt.Errorf("fake: memset of %d bytes at %#x outside the allocations", n, p)
+	}
+	if f.numeric {
+		clear(f.bytesAt(p, n))
+	}
+	return nil
+}
+
 func (f *fakeGPU) beginCapture() error {
 	if f.capturing {
 		return fmt.Errorf("fake: capture begun twice")
@@ -535,6 +548,19 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			want(c.cfg.Shared == 4*8*(hd+2)*4, "shared %d", c.cfg.Shared), want(nq%nkv == 0 && hd <= 256, "heads"),
 			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))),
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx))
+	case name == "attn_tiles":
+		ldq, ldo, nq, nkv, hd, ctx, nsplit := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.int(14)
+		R := int(g.Z)
+		errs := []error{want(int(g.X) == nsplit && int(g.Y) == nkv && b.X == 128, "shape"),
+			want(c.cfg.Shared == kern.AttnTilesShared(hd), "shared %d", c.cfg.Shared),
+			want(nq%nkv == 0 && kern.AttnTilesFits(hd, ldq) && ldo%4 == 0 && ldo >= nq*hd, "heads"),
+			want(nsplit >= 1 && nsplit <= kern.AttnTilesMaxSplits, "splits %d", nsplit),
+			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("out", c.ptr(8), rowsSpan(R, ldo, nq*hd)),
+			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx)}
+		if nsplit > 1 {
+			errs = append(errs, f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))), f.span("cnt", c.ptr(7), 4*int64(R*nkv)))
+		}
+		return errorsJoin(errs...)
 	case name == "attn_merge":
 		ldo, nq, hd, nsplit := c.int(2), c.int(3), c.int(4), c.int(5)
 		R := int(g.Y)
@@ -836,7 +862,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					names[name] = true
 				}
 				fam, _ := kernelFormat(dt)
-				for _, k := range []string{"rmsnorm", "head_rmsnorm", "rope_qk_append", "attn_split", "attn_merge", "silu_mul", "mv_" + fam} {
+				for _, k := range []string{"rmsnorm", "head_rmsnorm", "rope_qk_append", "attn_tiles", "silu_mul", "mv_" + fam} {
 					if k == "head_rmsnorm" && !sh.qknorm {
 						continue
 					}
@@ -862,7 +888,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 	}
 }
 
-// TestQKVSideBySide checks the layout rope_qk_append and attn_split expect:
+// TestQKVSideBySide checks the layout rope_qk_append and attn_tiles expect:
 // q, k and v of a row side by side at stride (nq+2·nkv)·hd, attention
 // reading q from the row start and writing att at stride nq·hd.
 func TestQKVSideBySide(t *testing.T) {
@@ -877,7 +903,7 @@ func TestQKVSideBySide(t *testing.T) {
 	qd, kvd := sh.nq*sh.hd, sh.nkv*sh.hd
 	ld := qd + 2*kvd
 	var ys []driver.DevicePtr
-	var rope, split, merge *fakeCall
+	var rope, split *fakeCall
 	for i := range f.calls {
 		c := &f.calls[i]
 		switch {
@@ -888,23 +914,23 @@ func TestQKVSideBySide(t *testing.T) {
 			ys = append(ys, c.ptr(5))
 		case c.name == "rope_qk_append":
 			rope = c
-		case c.name == "attn_split":
+		case c.name == "attn_tiles":
 			split = c
-		case c.name == "attn_merge":
-			merge = c
+		case c.name == "attn_split" || c.name == "attn_merge":
+			t.Errorf("%s launched for %d-dimension heads (attn_tiles serves them)", c.name, sh.hd)
 		}
 	}
-	if len(ys) != 3 || rope == nil || split == nil || merge == nil {
-		t.Fatalf("the attention launches are missing: %d projections, rope %v, split %v, merge %v", len(ys), rope != nil, split != nil, merge != nil)
+	if len(ys) != 3 || rope == nil || split == nil {
+		t.Fatalf("the attention launches are missing: %d projections, rope %v, attention %v", len(ys), rope != nil, split != nil)
 	}
 	if ys[1] != ys[0].Add(int64(4*qd)) || ys[2] != ys[0].Add(int64(4*(qd+kvd))) {
 		t.Errorf("q, k, v at %#x, %#x, %#x: not side by side", ys[0], ys[1], ys[2])
 	}
 	if rope.ptr(0) != ys[0] || rope.int(1) != ld || split.ptr(0) != ys[0] || split.int(1) != ld {
-		t.Errorf("rope_qk_append / attn_split do not read the fused q|k|v rows")
+		t.Errorf("rope_qk_append / attn_tiles do not read the fused q|k|v rows")
 	}
-	if split.ptr(6) != merge.ptr(0) || split.int(11) != merge.int(5) || merge.int(2) != qd {
-		t.Errorf("attn_merge does not read attn_split's partials as written")
+	if split.int(9) != qd {
+		t.Errorf("attn_tiles writes att at stride %d, want %d", split.int(9), qd)
 	}
 	if rope.ptr(10) != d.kc[0] || rope.ptr(11) != d.vc[0] || split.ptr(2) != d.kc[0] || split.ptr(3) != d.vc[0] {
 		t.Errorf("the append and the attention use different caches")
@@ -1006,15 +1032,20 @@ func TestDynamicRopePerSequence(t *testing.T) {
 }
 
 // TestAttnPartBound: one partials buffer of attnPartRows rows serves every
-// step of up to MaxRows rows.
+// step of up to MaxRows rows, for both attention kernels' split counts.
 func TestAttnPartBound(t *testing.T) {
-	for _, sms := range []int{1, 16, 78, 132, 144} {
-		for nkv := 1; nkv <= 16; nkv++ {
-			for _, M := range []int{1, 7, 64, 512} {
-				bound := attnPartRows(sms, nkv, M)
-				for R := 1; R <= M; R++ {
-					if need := R * attnSplits(sms, nkv, R); need > bound {
-						t.Fatalf("sms %d nkv %d: %d rows × %d splits = %d > bound %d", sms, nkv, R, attnSplits(sms, nkv, R), need, bound)
+	for name, splits := range map[string]func(sms, nkv, rows int) int{"attn_split": attnSplits, "attn_tiles": kern.AttnTilesSplits} {
+		for _, sms := range []int{1, 16, 78, 132, 144} {
+			for nkv := 1; nkv <= 16; nkv++ {
+				for _, M := range []int{1, 7, 64, 512} {
+					bound := attnPartRows(sms, nkv, M, splits)
+					for R := 1; R <= M; R++ {
+						if need := R * splits(sms, nkv, R); need > bound {
+							t.Fatalf("%s: sms %d nkv %d: %d rows × %d splits = %d > bound %d", name, sms, nkv, R, splits(sms, nkv, R), need, bound)
+						}
+						if n := splits(sms, nkv, R); n < 1 || n > kern.AttnTilesMaxSplits {
+							t.Fatalf("%s: sms %d nkv %d rows %d: %d splits", name, sms, nkv, R, n)
+						}
 					}
 				}
 			}

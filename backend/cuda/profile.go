@@ -13,6 +13,8 @@ import (
 // events is a kernel's run plus any idle gap before it. Options.Profile
 // (a writer) turns it on and graphs off; Close writes the table there.
 type profile struct {
+	rows   int  // profile only steps of this many rows (0: all)
+	skip   bool // this step is not profiled
 	pool   []driver.Event
 	used   int
 	names  []string
@@ -29,6 +31,9 @@ type kstat struct {
 // mark records an event after the launch of name ("" for the step's
 // start marker).
 func (p *profile) mark(c *driver.Ctx, s driver.Stream, name string) error {
+	if p.skip {
+		return nil
+	}
 	if p.used == len(p.pool) {
 		e, err := c.NewEvent(driver.EventDefault)
 		if err != nil {
@@ -46,6 +51,9 @@ func (p *profile) mark(c *driver.Ctx, s driver.Stream, name string) error {
 
 // collect adds the finished step's intervals (the stream was synced).
 func (p *profile) collect(c *driver.Ctx) error {
+	if p.skip {
+		return nil
+	}
 	defer func() { p.used, p.names = 0, p.names[:0] }()
 	if p.used < 2 {
 		return nil

@@ -61,6 +61,8 @@ var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
 	if os.Getenv("CORTIQ_CUDA_PROFILE") != "" {
 		// Per-kernel times of every step (eager, no graphs), printed at close.
 		opt.Profile = os.Stderr
+		// CORTIQ_CUDA_PROFILE_ROWS=N: only the steps of N rows.
+		opt.ProfileRows, _ = strconv.Atoi(os.Getenv("CORTIQ_CUDA_PROFILE_ROWS"))
 	}
 	return cuda.Open(opt)
 }

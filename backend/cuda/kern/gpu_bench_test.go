@@ -295,3 +295,83 @@ func BenchmarkGPUDeltaNet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGPUAttention times decode attention at the 8B shape (32 query
+// heads, 8 kv heads of 128) with CUDA events, 20 launches per sample, for
+// R rows (each its own sequence, all at length len): attn_split +
+// attn_merge at the split count the device used before attn_tiles
+// (2·SMs/(nkv·R)), and attn_tiles at 1, 2 and 4 splits and at
+// kern.AttnTilesSplits. SetBytes is the K and V bytes the rows read, so
+// GB/s compares with the device's read bandwidth.
+func BenchmarkGPUAttention(b *testing.B) {
+	d, m := benchGPU(b)
+	const launches, nq, nkv, hd = 20, 32, 8, 128
+	sms := d.Info().SMs
+	for _, sh := range []struct{ R, n int }{{1, 192}, {1, 4096}, {64, 192}, {64, 1024}, {16, 512}} {
+		R, n := sh.R, sh.n
+		ctx := n
+		kvBytes := int64(R) * int64(n) * nkv * hd * 4 * 2
+		variants := []struct {
+			name   string
+			nsplit int
+			tiles  bool
+		}{{"split_merge", max(1, min(64, 2*sms/(nkv*R))), false}, {"tiles_s1", 1, true}, {"tiles_s2", 2, true}, {"tiles_s4", 4, true},
+			{fmt.Sprintf("tiles_auto%d", kern.AttnTilesSplits(sms, nkv, R)), kern.AttnTilesSplits(sms, nkv, R), true}}
+		for _, v := range variants {
+			b.Run(fmt.Sprintf("R%d/len%d/%s", R, n, v.name), func(b *testing.B) {
+				var bufs []driver.DevicePtr
+				var q, kc, vc, pos, slot, part, cnt, out driver.DevicePtr
+				err := d.Do(func(c *driver.Ctx) error {
+					alloc := func(nb int64, fill uint32) driver.DevicePtr {
+						p, err := c.Alloc(nb)
+						if err != nil {
+							return 0
+						}
+						bufs = append(bufs, p)
+						c.MemsetD32(p, fill, nb/4)
+						return p
+					}
+					q = alloc(4*int64(R*nq*hd), 0x3c000000)
+					kc, vc = alloc(4*int64(R)*nkv*int64(ctx)*hd, 0x3c000000), alloc(4*int64(R)*nkv*int64(ctx)*hd, 0x3c000000)
+					pos, slot = alloc(4*int64(R), uint32(n-1)), alloc(4*int64(R), 0)
+					part, cnt = alloc(4*int64(kern.AttnPartFloats(R, nq, 64, hd)), 0), alloc(4*int64(R*nkv), 0)
+					out = alloc(4*int64(R*nq*hd), 0)
+					for _, p := range bufs {
+						if p == 0 {
+							return fmt.Errorf("allocation failed")
+						}
+					}
+					sl := make([]byte, 4*R)
+					for r := range R {
+						binary.LittleEndian.PutUint32(sl[4*r:], uint32(r))
+					}
+					return c.HtoD(slot, sl)
+				})
+				defer d.Do(func(c *driver.Ctx) error {
+					for _, p := range bufs {
+						c.Free(p)
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+				queue := func(c *driver.Ctx) error {
+					l := m.On(c, 0, false)
+					if v.tiles {
+						return l.AttentionTiles(q, nq*hd, kc, vc, pos, slot, part, cnt, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088)
+					}
+					return l.Attention(q, nq*hd, kc, vc, pos, slot, part, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088)
+				}
+				if err := d.Do(queue); err != nil {
+					b.Fatal(err)
+				}
+				ms := timeLaunches(b, d, launches, queue)
+				b.SetBytes(kvBytes * launches)
+				sec := float64(ms) / 1e3
+				b.ReportMetric(float64(kvBytes)*launches*float64(b.N)/sec/1e9, "GB/s")
+				b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/call")
+			})
+		}
+	}
+}

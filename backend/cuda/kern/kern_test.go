@@ -123,6 +123,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"rope_qk_append":  {8, 4, 4, 4, 4, 4, 8, 4, 8, 8, 8, 8, 4},
 		"attn_split":      {8, 4, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4},
 		"attn_merge":      {8, 8, 4, 4, 4, 4},
+		"attn_tiles":      {8, 4, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4},
 		"silu_mul":        {8, 8, 4, 8, 4, 4},
 		"add":             {8, 4, 8, 4, 4},
 		"argmax":          {8, 4, 4, 8},

@@ -28,6 +28,34 @@ const attnWarps, attnMaxG = 4, 8
 // needs.
 func AttnPartFloats(R, nq, nsplit, hd int) int { return R * nq * nsplit * (hd + 2) }
 
+// attn_tiles (csrc/attn.cu): positions a tile, most splits, and the head
+// dimensions it takes.
+const (
+	attnTileRows       = 32
+	AttnTilesMaxSplits = 64
+)
+
+// AttnTilesFits reports whether attn_tiles serves heads of hd dimensions
+// with q rows at stride ldq floats (float4 loads: both multiples of 4).
+func AttnTilesFits(hd, ldq int) bool { return hd >= 4 && hd <= 256 && hd%4 == 0 && ldq%4 == 0 }
+
+// AttnTilesShared is attn_tiles' dynamic shared memory in bytes: q of 8
+// heads and a two-stage ring of K and V tiles at a conflict-free stride.
+func AttnTilesShared(hd int) int {
+	st := 4 * ((hd / 4) | 1)
+	return 4 * (8*hd + 4*attnTileRows*st)
+}
+
+// AttnTilesSplits is the number of splits of a row's positions attn_tiles
+// is launched with for rows rows: about four blocks an SM over the
+// (split, kv head, row) grid, at most AttnTilesMaxSplits. The kernel
+// gives each split at least one tile, so a short row leaves the later
+// splits empty.
+func AttnTilesSplits(sms, nkv, rows int) int {
+	n := max(1, nkv*rows)
+	return max(1, min(AttnTilesMaxSplits, (4*sms+n-1)/n))
+}
+
 // call is one kernel launch.
 type call struct {
 	name string
@@ -806,6 +834,23 @@ func attentionCalls(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq
 // no position contribute nothing to the merge.
 func (l *Launcher) Attention(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) error {
 	return l.run(attentionCalls(q, ldq, kc, vc, pos, slot, part, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
+}
+
+func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) ([]call, error) {
+	if nkv < 1 || nq%nkv != 0 || !AttnTilesFits(hd, ldq) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits {
+		return nil, fmt.Errorf("kern: tiled attention with %d query heads, %d kv heads, head size %d, q stride %d, out stride %d, %d splits", nq, nkv, hd, ldq, ldo, nsplit)
+	}
+	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
+		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+	return one("attn_tiles", driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd), a), nil
+}
+
+// AttentionTiles queues the same attention as Attention in one launch
+// (attn_tiles): part holds AttnPartFloats(R, nq, nsplit, hd) floats (unused
+// when nsplit is 1), cnt R·nkv int32 counters that are zero before the
+// first launch (the kernel leaves them zero).
+func (l *Launcher) AttentionTiles(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) error {
+	return l.run(attentionTilesCalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
 }
 
 func siluMulCalls(g, u Ptr, ldi int, h Ptr, ldh, n, R int) []call {

@@ -60,6 +60,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(kvAppendCalls(1, 2, 3, 4, 5, 6, 7, 8, 2, 64, 100, 3), nil)
 	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3), nil)
 	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
+	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125))
 	add(siluMulCalls(1, 2, 3, 4, 5, 6, 7), nil)
 	add(addCalls(1, 2, 3, 4, 5, 6), nil)
 	add(argmaxCalls(1, 2, 3, 4, 5), nil)
