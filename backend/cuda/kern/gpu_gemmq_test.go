@@ -457,3 +457,81 @@ func TestGPUGemmBParity(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkGPUGemmQCold times the int8 GEMM at the 8B model's four
+// projection shapes (q|k|v stacked 6144×4096, o 4096×4096, gate|up stacked
+// 28672×4096, down 4096×14336) with the weights read from device memory,
+// not L2: each launch takes the next of enough copies of the weights to
+// pass 256 MB, as a decode step streams every layer's weights once.
+// T = 16 and 64, the wide tiles at every cluster size and the default
+// pick (gemmq_actq included, as in BenchmarkGPUGemmQ). GB/s counts the
+// weight bytes.
+func BenchmarkGPUGemmQCold(b *testing.B) {
+	d, m := benchGPU(b)
+	const launches = 16
+	dt := quant.Q4TP
+	for _, sh := range []struct {
+		name       string
+		rows, cols int
+	}{{"qkv", 6144, 4096}, {"o", 4096, 4096}, {"gateup", 28672, 4096}, {"down", 4096, 14336}} {
+		rows, cols := sh.rows, sh.cols
+		nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
+		copies := int(max(2, (256<<20)/nb+1))
+		for _, T := range []int{16, 64} {
+			paths := []string{"mmq"}
+			for _, tl := range kern.GemmQTiles(kernName[dt]) {
+				if tl.Wide() && tl.BM >= T && (tl.BM < 2*T || tl.BM <= 16) {
+					paths = append(paths, "tile"+tl.Suffix)
+				}
+			}
+			for _, path := range paths {
+				pick, _, _ := kern.GemmQKernel(kernName[dt], rows, cols, T)
+				b.Run(fmt.Sprintf("%s/%dx%d/T%d/%s", sh.name, rows, cols, T, path), func(b *testing.B) {
+					ws := make([]driver.DevicePtr, copies)
+					var x, y, q, s driver.DevicePtr
+					nq, ns := kern.GemmQScratch(cols, T)
+					next := 0
+					queue := func(c *driver.Ctx) error {
+						l := m.On(c, 0, false)
+						g := kern.GemmQ{W: ws[next%copies], Rows: rows, Cols: cols, X: x, Ldx: cols, Quants: q, Scales: s, Y: y, Ldy: rows}
+						next++
+						if path != "mmq" {
+							g.ForceTile, g.Tile = true, strings.TrimPrefix(path, "tile")
+						}
+						return l.GemmQ(dt, g, T)
+					}
+					err := d.Do(func(c *driver.Ctx) error {
+						for i := range ws {
+							var err error
+							if ws[i], err = c.Alloc(nb); err != nil {
+								return err
+							}
+							c.MemsetD8(ws[i], 0x11, nb)
+						}
+						x, _ = c.Alloc(4 * int64(T*cols))
+						y, _ = c.Alloc(4 * int64(T*rows))
+						q, _ = c.Alloc(nq)
+						s, _ = c.Alloc(ns)
+						c.MemsetD32(x, 0x3c000000, int64(T*cols))
+						return queue(c) // warm-up
+					})
+					defer d.Do(func(c *driver.Ctx) error {
+						for _, p := range append(ws, x, y, q) {
+							c.Free(p)
+						}
+						return c.Free(s)
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					ms := timeLaunches(b, d, launches, queue)
+					sec := float64(ms) / 1e3
+					b.SetBytes(nb * launches)
+					b.ReportMetric(float64(nb)*launches*float64(b.N)/sec/1e9, "GB/s")
+					b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/call")
+					b.Logf("%s (the default pick: %s)", path, pick)
+				})
+			}
+		}
+	}
+}

@@ -141,28 +141,39 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, float* __r
 // built for bandwidth. One block per (split, kv head, row), 4 warps; the
 // positions of a split go through shared memory in tiles of AT_TP, K and V
 // copied by cp.async into a two-stage ring (the next tile in flight while
-// this one is used). Warp w serves query heads w and w+4 of the kv head
-// (a pass covers 8 heads; larger groups take several passes). Per tile and
-// head: lane t scores position t (its K row against q from shared memory),
-// one warp max and sum update the head's running (m, l), then lanes take
-// head dimensions (a float4 each) and accumulate Σ_t p_t·v_t. A split
-// covers chunk = max(⌈len/nsplit⌉, AT_TP) positions, so short rows use
-// fewer splits; splits past the length write an empty state.
+// this one is used; rows past the length are zero-filled). Warp w serves
+// query heads w and w+4 of the kv head (a pass covers 8 heads; larger
+// groups take several passes). Per tile and head: lane t scores position t
+// (its K row against q from shared memory, four partial sums), one warp
+// max and sum update the head's running (m, l), then lanes take head
+// dimensions (a float4 each) and accumulate Σ_t p_t·v_t. A split covers
+// chunk = max(⌈len/nsplit⌉, AT_TP) positions, so short rows use fewer
+// splits; splits past the length write an empty state (m = −inf, l = 0).
 // With nsplit = 1 the block writes the normalised output itself. Otherwise
-// it writes its partial (attn_split's layout), and the last block of its
-// (row, kv head) to finish — counted in cnt[r·nkv + kh], which it resets to
-// 0 for the next launch — merges the splits in split order (attn_merge's
-// arithmetic), so the result does not depend on which block came last.
-// Requires hd % 4 == 0, hd ≤ 256, 16-byte aligned rows (ldq % 4 == 0).
+// it writes its partial — o at part[((r·nq + h)·nsplit + s)·hd + d], then
+// (m, l) at part[R·nq·nsplit·hd + ((r·nq + h)·nsplit + s)·2] (R = gridDim.z)
+// — and the last block of its (row, kv head) to finish, counted in
+// cnt[r·nkv + kh] (which it resets to 0 for the next launch), merges the
+// splits that hold positions, in split order, so the result does not
+// depend on which block came last.
+// Requires hd % 4 == 0, hd ≤ 256, ldq % 4 == 0, ldo % 4 == 0, nsplit ≤ 64.
 // Launch: grid (nsplit, nkv, R), block 128, dynamic shared memory
 // kern.AttnTilesShared(hd) = 4·(8·hd + 4·AT_TP·at_stride(hd)) bytes; cnt
-// zeroed before the first launch.
+// zeroed before the first launch; part R·nq·nsplit·(hd + 2) floats.
 #define AT_TP 32
 __host__ __device__ __forceinline__ int at_stride(int hd) { return 4 * ((hd / 4) | 1); }  // conflict-free LDS.128 by row
 
-__device__ __forceinline__ void at_cp16(float* dst, const float* src) {
+// 16 bytes global → shared, or 16 zero bytes when !pred (src not read).
+__device__ __forceinline__ void at_cp16(float* dst, const float* src, bool pred) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void at_fma4(float4& o, float p, const float4 v) {
+  o.x = fmaf(p, v.x, o.x);
+  o.y = fmaf(p, v.y, o.y);
+  o.z = fmaf(p, v.z, o.z);
+  o.w = fmaf(p, v.w, o.w);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -183,9 +194,11 @@ extern "C" __global__ void __launch_bounds__(128)
   const int t0 = min(len, s * chunk), t1 = min(len, t0 + chunk);
   const int ntile = (t1 - t0 + AT_TP - 1) / AT_TP;
   const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * hd;
-  float* qs = sm;                  // [8][hd], scaled
-  float* ks = qs + 8 * hd;         // [2][AT_TP][st]
+  float* qs = sm;                   // [8][hd], scaled
+  float* ks = qs + 8 * hd;          // [2][AT_TP][st]
   float* vs = ks + 2 * AT_TP * st;  // [2][AT_TP][st]
+  float* po = part;                                        // o partials
+  float* pml = part + (size_t)gridDim.z * nq * nsplit * hd;  // (m, l) partials
 
   for (int g0 = 0; g0 < G; g0 += 8) {
     const int ng = min(8, G - g0);
@@ -199,13 +212,14 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int j = 0; j < 2; j++) o[hh][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i = 0; i <= ntile; i++) {
-      if (i < ntile) {  // queue tile i into stage i&1
-        const int b = i & 1, ta = t0 + i * AT_TP, n = min(AT_TP, t1 - ta);
-        for (int c = threadIdx.x; c < n * hd4; c += 128) {
+      if (i < ntile) {  // queue tile i into stage i&1, rows past t1 zeroed
+        const int b = i & 1, ta = t0 + i * AT_TP;
+        for (int c = threadIdx.x; c < AT_TP * hd4; c += 128) {
           const int row = c / hd4, c4 = c - row * hd4;
-          const size_t off = cbase + (size_t)(ta + row) * hd + 4 * c4;
-          at_cp16(ks + (b * AT_TP + row) * st + 4 * c4, kc + off);
-          at_cp16(vs + (b * AT_TP + row) * st + 4 * c4, vc + off);
+          const bool in = ta + row < t1;
+          const size_t off = in ? cbase + (size_t)(ta + row) * hd + 4 * c4 : 0;
+          at_cp16(ks + (b * AT_TP + row) * st + 4 * c4, kc + off, in);
+          at_cp16(vs + (b * AT_TP + row) * st + 4 * c4, vc + off, in);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
@@ -226,13 +240,16 @@ extern "C" __global__ void __launch_bounds__(128)
         if (g >= ng) break;
         const float4* kr = (const float4*)(kt + lane * st);
         const float4* qg = (const float4*)(qs + g * hd);
-        float sc = 0.0f;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 #pragma unroll 4
         for (int d4 = 0; d4 < hd4; d4++) {
           const float4 k = kr[d4], x = qg[d4];
-          sc += k.x * x.x + k.y * x.y + k.z * x.z + k.w * x.w;
+          s0 = fmaf(k.x, x.x, s0);
+          s1 = fmaf(k.y, x.y, s1);
+          s2 = fmaf(k.z, x.z, s2);
+          s3 = fmaf(k.w, x.w, s3);
         }
-        sc = lane < n ? sc : -INFINITY;
+        const float sc = lane < n ? (s0 + s1) + (s2 + s3) : -INFINITY;
         const float mn = fmaxf(m[hh], warp_max(sc));  // finite: n ≥ 1
         const float corr = expf(m[hh] - mn);          // 0 on the first tile (m = -inf)
         const float p = expf(sc - mn);                // 0 past the length
@@ -245,18 +262,17 @@ extern "C" __global__ void __launch_bounds__(128)
           o[hh][j].z *= corr;
           o[hh][j].w *= corr;
         }
-        for (int t = 0; t < n; t++) {
-          const float pt = __shfl_sync(FULL_MASK, p, t);
-          const float4* vr = (const float4*)(vt + t * st);
+        // Σ_t p_t·v_t over the tile in steps of 8 (zeroed rows past n,
+        // where p is 0 too).
+        for (int ta = 0; ta < n; ta += 8) {
 #pragma unroll
-          for (int j = 0; j < 2; j++) {
-            const int d4 = lane + 32 * j;
-            if (d4 < hd4) {
-              const float4 v = vr[d4];
-              o[hh][j].x += pt * v.x;
-              o[hh][j].y += pt * v.y;
-              o[hh][j].z += pt * v.z;
-              o[hh][j].w += pt * v.w;
+          for (int u = 0; u < 8; u++) {
+            const float pt = __shfl_sync(FULL_MASK, p, ta + u);
+            const float4* vr = (const float4*)(vt + (ta + u) * st);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+              const int d4 = lane + 32 * j;
+              if (d4 < hd4) at_fma4(o[hh][j], pt, vr[d4]);
             }
           }
         }
@@ -269,35 +285,19 @@ extern "C" __global__ void __launch_bounds__(128)
       const int g = warp + 4 * hh;
       if (g >= ng) break;
       const int h = kh * G + g0 + g;
-      if (nsplit == 1) {
-        const float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-        float* orow = out + (size_t)r * ldo + (size_t)h * hd;
+      const size_t ph = ((size_t)r * nq + h) * nsplit + s;
+      const float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
+      float* dst = nsplit == 1 ? out + (size_t)r * ldo + (size_t)h * hd : po + ph * hd;
+      const float f = nsplit == 1 ? inv : 1.0f;
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-          const int d4 = lane + 32 * j;
-          if (d4 < hd4) {
-            const float4 v = o[hh][j];
-            *(float4*)(orow + 4 * d4) = l[hh] > 0.0f ? make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv)
-                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          }
-        }
-      } else {
-        float* pp = part + (((size_t)r * nq + h) * nsplit + s) * (hd + 2);
-        if (lane == 0) {
-          pp[0] = m[hh];
-          pp[1] = l[hh];
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-          const int d4 = lane + 32 * j;
-          if (d4 < hd4) {
-            pp[2 + 4 * d4] = o[hh][j].x;
-            pp[3 + 4 * d4] = o[hh][j].y;
-            pp[4 + 4 * d4] = o[hh][j].z;
-            pp[5 + 4 * d4] = o[hh][j].w;
-          }
+      for (int j = 0; j < 2; j++) {
+        const int d4 = lane + 32 * j;
+        if (d4 < hd4) {
+          const float4 v = o[hh][j];
+          *(float4*)(dst + 4 * d4) = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
         }
       }
+      if (nsplit > 1 && lane == 0) *(float2*)(pml + 2 * ph) = make_float2(m[hh], l[hh]);
     }
   }
   if (nsplit == 1) return;
@@ -311,32 +311,48 @@ extern "C" __global__ void __launch_bounds__(128)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // Warp w merges heads w, w+4, ...: split k's weight e^(m_k−M)/L held by
-  // lane k mod 32 (w0 for k < 32, w1 above), then Σ_k w_k·o_k[d] in order.
+  // Splits 0..nact-1 hold positions. Warp w merges heads w, w+4, ...:
+  // split k's weight e^(m_k−M)/L held by lane k mod 32 (w0 for k < 32, w1
+  // above), then Σ_k w_k·o_k, a float4 of dimensions a lane, eight splits'
+  // loads in flight.
+  const int nact = min(nsplit, (len + chunk - 1) / chunk);
   for (int g = warp; g < G; g += 4) {
     const int h = kh * G + g;
-    const float* p = part + ((size_t)r * nq + h) * nsplit * (hd + 2);
+    const size_t ph = ((size_t)r * nq + h) * nsplit;
     const int k1 = lane + 32;
-    const float m0 = lane < nsplit ? __ldcg(p + (size_t)lane * (hd + 2)) : -INFINITY;
-    const float m1 = k1 < nsplit ? __ldcg(p + (size_t)k1 * (hd + 2)) : -INFINITY;
-    const float M = warp_max(fmaxf(m0, m1));
+    const float2 a0 = lane < nact ? __ldcg((const float2*)(pml + 2 * (ph + lane))) : make_float2(-INFINITY, 0.0f);
+    const float2 a1 = k1 < nact ? __ldcg((const float2*)(pml + 2 * (ph + k1))) : make_float2(-INFINITY, 0.0f);
+    const float M = warp_max(fmaxf(a0.x, a1.x));
     float w0 = 0.0f, w1 = 0.0f;
     if (M != -INFINITY) {
-      w0 = m0 != -INFINITY ? expf(m0 - M) : 0.0f;
-      w1 = m1 != -INFINITY ? expf(m1 - M) : 0.0f;
+      w0 = a0.x != -INFINITY ? expf(a0.x - M) : 0.0f;
+      w1 = a1.x != -INFINITY ? expf(a1.x - M) : 0.0f;
     }
-    const float L = warp_sum((w0 != 0.0f ? __ldcg(p + (size_t)lane * (hd + 2) + 1) * w0 : 0.0f) +
-                             (w1 != 0.0f ? __ldcg(p + (size_t)k1 * (hd + 2) + 1) * w1 : 0.0f));
+    const float L = warp_sum(a0.y * w0 + a1.y * w1);
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     w0 *= inv;
     w1 *= inv;
-    for (int d = lane; d < hd; d += 32) {
-      float O = 0.0f;
-      for (int k = 0; k < nsplit; k++) {
-        const float wk = __shfl_sync(FULL_MASK, k < 32 ? w0 : w1, k & 31);
-        if (wk != 0.0f) O += wk * __ldcg(p + (size_t)k * (hd + 2) + 2 + d);
+    float* orow = out + (size_t)r * ldo + (size_t)h * hd;
+    for (int j = 0; j < 2; j++) {  // warp-uniform bounds: the shuffles see every lane
+      const int d4 = lane + 32 * j;
+      if (32 * j >= hd4) break;
+      const bool in = d4 < hd4;
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int k0 = 0; k0 < nact; k0 += 8) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          const int k = k0 + u;
+          v[u] = in && k < nact ? __ldcg((const float4*)(po + (ph + k) * hd) + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          const int k = k0 + u;
+          const float wk = __shfl_sync(FULL_MASK, k < 32 ? w0 : w1, k & 31);
+          at_fma4(O, wk, v[u]);
+        }
       }
-      out[(size_t)r * ldo + (size_t)h * hd + d] = O;
+      if (in) *(float4*)(orow + 4 * d4) = O;
     }
   }
   if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
