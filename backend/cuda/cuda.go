@@ -19,7 +19,9 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"unsafe"
 
@@ -53,6 +55,11 @@ type Options struct {
 	// kernel starts while the one before it finishes (the kernels load
 	// weights before griddepcontrol.wait and read their inputs after it).
 	PDL bool
+	// PDLRows: steps of at most this many rows launch with PDL (0: the
+	// matvecs' 8, or CORTIQ_CUDA_PDL_ROWS where set: an experiment's
+	// override). Larger prefill steps measured slower with it (the next
+	// GEMM's early blocks hold multiprocessors the current one needs).
+	PDLRows int
 	// NoFusion runs decode steps without the fused matvec prologues
 	// (separate rmsnorm and silu_mul launches): the parity tests compare
 	// both.
@@ -154,6 +161,12 @@ func Open(opt Options) (*Device, error) {
 	}
 	if opt.Profile != nil {
 		opt.Graphs = false
+	}
+	if opt.PDLRows <= 0 {
+		opt.PDLRows = maxMatvecRows
+		if n, err := strconv.Atoi(os.Getenv("CORTIQ_CUDA_PDL_ROWS")); err == nil && n > 0 {
+			opt.PDLRows = n
+		}
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {

@@ -59,10 +59,10 @@ func (g gpuRunner) memInfo() (free, total int64, err error) { return g.c.MemInfo
 func (g gpuRunner) alloc(n int64) (driver.DevicePtr, error) { return g.c.Alloc(n) }
 func (g gpuRunner) free(p driver.DevicePtr) error           { return g.c.Free(p) }
 func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error {
-	// PDL for decode steps only: in a prefill step the next GEMM's early
-	// blocks would hold multiprocessors the current one needs (measured:
-	// pp512 1531 vs 1830 tok/s on an H200; tg128 308 vs 280).
-	cfg.Stream, cfg.PDL = g.d.strm, g.d.opt.PDL && g.d.st != nil && g.d.st.rows <= maxMatvecRows
+	// PDL for steps of at most Options.PDLRows rows: in a prefill step the
+	// next GEMM's early blocks would hold multiprocessors the current one
+	// needs (measured: pp512 1531 vs 1830 tok/s on an H200; tg128 308 vs 280).
+	cfg.Stream, cfg.PDL = g.d.strm, g.d.opt.PDL && g.d.st != nil && g.d.st.rows <= max(g.d.opt.PDLRows, 1)
 	if cfg.Shared > 48<<10 && g.d.optin[name] < cfg.Shared {
 		// Dynamic shared memory beyond 48 KB needs the kernel's opt-in.
 		fn, err := g.d.mod.Func(name)
