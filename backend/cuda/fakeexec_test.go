@@ -223,19 +223,41 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				v0 += rows[j]
 			}
 		}
-	case name == "gemmq_actq":
+	case name == "gemmq_actq" || name == "gemmq_actq_pro":
 		// ActQuant's int8 per block of 32 (q4tp: each 8 in the order
-		// 0,2,4,6,1,3,5,7), quants at [t][cols], scales at [t][cols/32].
+		// 0,2,4,6,1,3,5,7), quants at [t][cols], scales at [t][cols/32];
+		// gemmq_actq_pro of rmsnorm's or silu_mul's values (their models).
 		ldx, cols, perm, T := c.int(1), c.int(2), c.int(5), int(g.Y)
 		nb := cols / 32
 		x, d := f.view(c.ptr(0), int(rowsSpan(T, ldx, cols)/4)), f.view(c.ptr(4), T*nb)
 		xq := f.bytesAt(c.ptr(3), int64(T*cols))
 		for t := range T {
+			row := make([]float32, cols)
+			for i := range row {
+				row[i] = x.at(t*ldx + i)
+			}
+			if name == "gemmq_actq_pro" {
+				switch pro := c.int(6); pro {
+				case kern.ProNorm:
+					xs := make([]float64, cols)
+					for i, v := range row {
+						xs[i] = float64(v)
+					}
+					rmsApply(xs, f.view(c.ptr(8), cols), c.f32(9), c.int(10) != 0, func(i int, v float32) { row[i] = v })
+				case kern.ProSilu:
+					u := f.view(c.ptr(7), int(rowsSpan(T, ldx, cols)/4))
+					for i, v := range row {
+						row[i] = float32(float64(v) / (1 + math.Exp(-float64(v))) * float64(u.at(t*ldx+i)))
+					}
+				default:
+					f.t.Fatalf("fake: gemmq_actq_pro prologue %d", pro)
+				}
+			}
 			for b := range nb {
 				var amax float32
 				nan := false
 				for i := range 32 {
-					v := x.at(t*ldx + 32*b + i)
+					v := row[32*b+i]
 					nan = nan || v != v
 					amax = max(amax, float32(math.Abs(float64(v))))
 				}
@@ -244,7 +266,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 					id, s = 127/amax, amax/127
 				}
 				for i := range 32 {
-					q := int8(math.RoundToEven(float64(x.at(t*ldx+32*b+i) * id)))
+					q := int8(math.RoundToEven(float64(row[32*b+i] * id)))
 					xq[t*cols+32*b+qpos(i, perm)] = byte(q)
 				}
 				d.set(t*nb+b, s)
@@ -1021,7 +1043,9 @@ func TestMoEGroupedOnFake(t *testing.T) {
 // input once: by default they are one stacked wide launch (kern.GemmQ.More)
 // after one gemmq_actq; with Options.NoFusion (separate launches) fewer
 // gemmq_actq launches than GEMMs. No gemmq_actq ever re-quantizes the input
-// the previous one did. The logits are unchanged either way
+// the previous one did. By default the RMSNorm before q|k|v and gate|up
+// and the SwiGLU before down run in the quantizer (gemmq_actq_pro): no
+// separate 12-row rmsnorm or silu_mul. The logits are unchanged either way
 // (TestParitySuiteNumericOnFakeMMQ compares them with the CPU).
 func TestMMQSharesActQuant(t *testing.T) {
 	for _, noFusion := range []bool{false, true} {
@@ -1035,12 +1059,17 @@ func TestMMQSharesActQuant(t *testing.T) {
 			if _, err := backendtest.Run(d, k, []backendtest.Step{{{0, 12}}}, 5); err != nil {
 				t.Fatal(err)
 			}
-			q, g, stacked := 0, 0, 0
+			q, g, stacked, pro, sep := 0, 0, 0, 0, 0
 			var last driver.DevicePtr
 			for _, c := range f.calls[n0:] {
 				switch {
-				case c.name == "gemmq_actq":
+				case c.name == "rmsnorm" && c.cfg.Grid.X == 12 || c.name == "silu_mul":
+					sep++
+				case c.name == "gemmq_actq" || c.name == "gemmq_actq_pro":
 					q++
+					if c.name == "gemmq_actq_pro" {
+						pro++
+					}
 					if c.ptr(0) == last {
 						t.Errorf("%s: gemmq_actq quantized the same input twice in a row", k.Name)
 					}
@@ -1052,8 +1081,13 @@ func TestMMQSharesActQuant(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%s (NoFusion %v): %d activation quantizations for %d int8 GEMMs, %d stacked", k.Name, noFusion, q, g, stacked)
+			t.Logf("%s (NoFusion %v): %d activation quantizations (%d with the norm or SwiGLU) for %d int8 GEMMs, %d stacked; %d rmsnorm / silu_mul launches",
+				k.Name, noFusion, q, pro, g, stacked, sep)
 			switch {
+			case noFusion && pro > 0:
+				t.Errorf("%s: gemmq_actq_pro with NoFusion", k.Name)
+			case !noFusion && (pro == 0 || sep > 1): // the head's final norm is its own launch
+				t.Errorf("%s: %d fused quantizations, %d separate rmsnorm / silu_mul launches: the 12-row step's norm or SwiGLU is not in the quantizer", k.Name, pro, sep)
 			case noFusion && (g < 2 || q >= g || stacked > 0):
 				t.Errorf("%s: %d gemmq_actq for %d GEMMs (%d stacked) with NoFusion: the shared input is quantized more than once", k.Name, q, g, stacked)
 			case !noFusion && (stacked == 0 || q > g):

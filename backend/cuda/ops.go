@@ -197,6 +197,7 @@ type state struct {
 type actqKey struct {
 	x, xq, xd             driver.DevicePtr
 	ldx, cols, rows, perm int
+	pro                   actPro // the prologue gemmq_actq_pro applied
 	ok                    bool
 }
 
@@ -797,11 +798,44 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 	}
 }
 
+// actPro is a prologue gemmq_actq_pro applies to the GEMM's input before
+// quantizing it: kern.ProNorm / ProNorm1 (RMSNorm by w, eps), ProSilu
+// (silu(x)·u, u at the input's stride); the zero value is none.
+type actPro struct {
+	kind int
+	u, w driver.DevicePtr
+	eps  float32
+}
+
+// proFusable reports whether a step's GEMM over ms can take its input's
+// RMSNorm or SwiGLU in gemmq_actq_pro: the stacked int8 wide tiles'
+// steps (stackable), not the bf16 wide tiles.
+func (st *state) proFusable(rows int, ms ...backend.Mat) bool {
+	return st.stackable(rows, ms...) && !(ms[0].(*mat).dt == quant.Q4TP && st.d.opt.BF16Wide)
+}
+
+// normPro is the gemmq_actq_pro prologue of norm n over H values.
+func (st *state) normPro(n *backend.Norm, H int) actPro {
+	if n.W == nil || n.W.Len() != H {
+		st.fail(fmt.Errorf("cuda: a norm over %d values needs a weight of %d", H, H))
+		return actPro{}
+	}
+	k := kern.ProNorm
+	if n.OnePlus {
+		k = kern.ProNorm1
+	}
+	return actPro{kind: k, w: ptrOf(n.W), eps: n.Eps}
+}
+
 // gemmq queues the int8 GEMM g (its tensors of format dt) over rows
 // activation rows: gemmq_actq into scratch unless the last one quantized
 // the same rows of the same input in the same order (q, k, v of one
 // input; gate and up), then the tile kern.GemmQSuffix picks.
-func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
+func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) { st.gemmqPro(g, dt, rows, actPro{}) }
+
+// gemmqPro is gemmq with the input's prologue pro done by the quantizer
+// (gemmq_actq_pro); only on the int8 tiles.
+func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	f, err := kernelFormat(dt)
 	if err != nil {
 		st.fail(err)
@@ -822,8 +856,12 @@ func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
 	} else {
 		nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
 		g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
-		key = actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: kern.GemmQPerm(f, suffix), ok: true}
+		key = actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: kern.GemmQPerm(f, suffix), pro: pro, ok: true}
 		name, gcfg, err = kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
+	}
+	if pro.kind != 0 && g.BF16 {
+		st.fail(fmt.Errorf("cuda: a fused prologue on the bf16 wide tiles"))
+		return
 	}
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: %w", err))
@@ -838,10 +876,14 @@ func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) {
 	defer func() { st.inGEMM = false }()
 	if st.actq != key {
 		qname := "gemmq_actq"
-		if g.BF16 {
+		switch {
+		case g.BF16:
 			qname = "gemmb_actb"
 			g.PackBF16(st.a())
-		} else {
+		case pro.kind != 0:
+			qname = "gemmq_actq_pro"
+			g.PackQuantPro(st.a(), key.perm, pro.kind, pro.u, pro.w, pro.eps)
+		default:
 			g.PackQuant(st.a(), key.perm)
 		}
 		cfg := kern.ActQuantLaunch(g.Cols, rows)
@@ -881,13 +923,13 @@ func (st *state) stackable(rows int, ms ...backend.Mat) bool {
 
 // gemmqStack queues y[:, Σ rows] = [W_0; W_1; ...]·x for the stacked
 // tensors ms with their biases (one wide launch).
-func (st *state) gemmqStack(ms []backend.Mat, biases []driver.DevicePtr, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy, rows int) {
+func (st *state) gemmqStack(ms []backend.Mat, biases []driver.DevicePtr, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy, rows int, pro actPro) {
 	m0 := ms[0].(*mat)
 	g := kern.GemmQ{W: m0.p, Rows: m0.rows, Cols: m0.cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Bias: biases[0]}
 	for j, w := range ms[1:] {
 		g.More = append(g.More, kern.GemmQPart{W: w.(*mat).p, Rows: w.(*mat).rows, Bias: biases[j+1]})
 	}
-	st.gemmq(g, m0.dt, rows)
+	st.gemmqPro(g, m0.dt, rows, pro)
 }
 
 // mq queues a quantized-activation matvec (kern.MQ) over rows activation
@@ -1011,10 +1053,13 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	}
 	if st.fusable(w.Q, w.K, w.V) {
 		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, &w.Norm, R)
+	} else if st.proFusable(R, w.Q, w.K, w.V) && w.Q.(*mat).rows == qrows && w.K.(*mat).rows == kvd {
+		// 9-64 rows: q|k|v in one launch, input_layernorm in its quantizer.
+		st.gemmqStack([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, R, st.normPro(&w.Norm, H))
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
 		if st.stackable(R, w.Q, w.K, w.V) && w.Q.(*mat).rows == qrows && w.K.(*mat).rows == kvd {
-			st.gemmqStack([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, xb, H, dst, ldd, R)
+			st.gemmqStack([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, xb, H, dst, ldd, R, actPro{})
 		} else {
 			st.mv(w.Q.(*mat), xb, H, dst, ldd, ptrOf(w.BQ), false, R)
 			st.mv(w.K.(*mat), xb, H, dst.Add(int64(4*qrows)), ldd, ptrOf(w.BK), false, R)
@@ -1145,10 +1190,13 @@ func (st *state) MLP(w *backend.MLP) {
 	// SwiGLU in the down projection's prologue.
 	if st.fusable(w.Gate, w.Up) {
 		st.mvNorm([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, &w.Norm, R)
+	} else if st.proFusable(R, w.Gate, w.Up) && w.Gate.(*mat).rows == I {
+		// 9-64 rows: gate|up in one launch, post_attention_layernorm in its quantizer.
+		st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, R, st.normPro(&w.Norm, H))
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
 		if st.stackable(R, w.Gate, w.Up) && w.Gate.(*mat).rows == I {
-			st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, xb, H, gu, 2*I, R)
+			st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, xb, H, gu, 2*I, R, actPro{})
 		} else {
 			st.mv(w.Gate.(*mat), xb, H, gu, 2*I, ptrOf(w.BGate), false, R)
 			st.mv(w.Up.(*mat), xb, H, gu.Add(int64(4*I)), 2*I, ptrOf(w.BUp), false, R)
@@ -1157,6 +1205,12 @@ func (st *state) MLP(w *backend.MLP) {
 	if dn := w.Down.(*mat); st.fusable(w.Down) && dn.cols == I {
 		st.mq(dn.dt, kern.MQ{W: [3]driver.DevicePtr{dn.p}, Rows: [3]int{dn.rows}, Bias: [3]driver.DevicePtr{ptrOf(w.BDown)}, Cols: I,
 			X: gu, Ldx: 2 * I, XOff: I, Y: x, Ldy: H, Accumulate: true, Pro: kern.ProSilu}, R)
+		return
+	}
+	if dn := w.Down.(*mat); st.proFusable(R, w.Down) && dn.cols == I {
+		// 9-64 rows: SwiGLU in the down projection's quantizer.
+		st.gemmqPro(kern.GemmQ{W: dn.p, Rows: dn.rows, Cols: I, X: gu, Ldx: 2 * I, Y: x, Ldy: H, Bias: ptrOf(w.BDown), Accumulate: true},
+			dn.dt, R, actPro{kind: kern.ProSilu, u: gu.Add(int64(4 * I))})
 		return
 	}
 	st.a().Ptr(gu).Ptr(gu.Add(int64(4 * I))).Int(2 * I).Ptr(h).Int(I).Int(I)

@@ -279,7 +279,7 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 	if err := f.checkCall(&c); err != nil {
 		return fmt.Errorf("fake: %s (grid %v, block %v): %w", name, cfg.Grid, cfg.Block, err)
 	}
-	if name == "gemmq_actq" {
+	if name == "gemmq_actq" || name == "gemmq_actq_pro" {
 		q := c
 		f.lastActQ = &q
 	}
@@ -449,6 +449,18 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		q, s := kern.GemmQScratch(cols, T)
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s))
+	case name == "gemmq_actq_pro":
+		ldx, cols, T, pro := c.int(1), c.int(2), int(g.Y), c.int(6)
+		q, s := kern.GemmQScratch(cols, T)
+		errs := []error{want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+			want(pro == kern.ProNorm || pro == kern.ProSilu, "prologue %d", pro),
+			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s)}
+		if pro == kern.ProNorm {
+			errs = append(errs, f.span("norm weight", c.ptr(8), 4*int64(cols)))
+		} else {
+			errs = append(errs, f.span("U", c.ptr(7), rowsSpan(T, ldx, cols)))
+		}
+		return errorsJoin(errs...)
 	case name == "gemmb_actb":
 		ldx, cols, T := c.int(1), c.int(2), int(g.Y)
 		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
@@ -865,6 +877,9 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 				for _, k := range []string{"rmsnorm", "head_rmsnorm", "rope_qk_append", "attn_tiles", "silu_mul", "mv_" + fam} {
 					if k == "head_rmsnorm" && !sh.qknorm {
 						continue
+					}
+					if k == "silu_mul" && mmq && names["gemmq_actq_pro"] {
+						continue // SwiGLU in the down projection's quantizer (and the matvec's prologue)
 					}
 					if !names[k] {
 						t.Errorf("no %s was launched (launched: %v)", k, names)

@@ -535,3 +535,61 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 		}
 	}
 }
+
+// TestGPUActQuantPro: the int8 GEMM with the RMSNorm (plain and
+// zero-centred) or SwiGLU in its quantizer (GemmQ.Pro: gemmq_actq_pro)
+// gives the same bits as rmsnorm or silu_mul into a buffer and then the
+// plain GEMM, q8_row and q4tp, T = 9, 33 and 64, on the wide tiles the
+// decode steps use.
+func TestGPUActQuantPro(t *testing.T) {
+	g := newGPU(t)
+	r := rng(31)
+	const rows, cols, maxT = 256, 1024, 64
+	x := r.vec(maxT*2*cols, 1) // two halves a row: gate | up for SwiGLU
+	nw := r.vec(cols, 0.5)
+	dx, dnw := g.f32(x), g.f32(nw)
+	dtmp := g.zeros(maxT * cols)
+	nq, ns := kern.GemmQScratch(cols, maxT)
+	dq, dd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
+	dy0, dy1 := g.zeros(maxT*rows), g.zeros(maxT*rows)
+	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+		wb, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dw := g.upload(wb)
+		for _, T := range []int{9, 33, 64} {
+			for _, pro := range []int{kern.ProNorm, kern.ProNorm1, kern.ProSilu} {
+				fused := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dx, Ldx: 2 * cols, Quants: dq, Scales: dd, Y: dy1, Ldy: rows,
+					Pro: pro, ProU: dx.Add(4 * cols), ProW: dnw, ProEps: 1e-5}
+				plain := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dtmp, Ldx: cols, Quants: dq, Scales: dd, Y: dy0, Ldy: rows}
+				g.run(func(l *kern.Launcher) error {
+					var err error
+					if pro == kern.ProSilu {
+						err = l.SiluMul(dx, dx.Add(4*cols), 2*cols, dtmp, cols, cols, T)
+					} else {
+						err = l.RMSNorm(dx, 2*cols, dnw, dtmp, cols, cols, T, 1e-5, pro == kern.ProNorm1)
+					}
+					if err != nil {
+						return err
+					}
+					if err := l.GemmQ(dt, plain, T); err != nil {
+						return err
+					}
+					return l.GemmQ(dt, fused, T)
+				})
+				want, got := g.readF32(dy0, T*rows), g.readF32(dy1, T*rows)
+				nonzero := false
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s T%d prologue %d: y[%d] = %g fused, %g after the separate kernel", dt, T, pro, i, got[i], want[i])
+					}
+					nonzero = nonzero || want[i] != 0
+				}
+				if !nonzero {
+					t.Fatalf("%s T%d prologue %d: all outputs zero", dt, T, pro)
+				}
+			}
+		}
+	}
+}

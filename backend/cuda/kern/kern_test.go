@@ -143,7 +143,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"gate_split":      {8, 4, 8, 4, 8, 4, 4, 4, 4},
 		"gate_mul":        {8, 4, 8, 4, 4},
 		"gemmq_actq":      {8, 4, 4, 8, 8, 4}, // (X, ldx, cols, XQ, D, perm)
-		"gemmb_actb":      {8, 4, 4, 8},       // (X, ldx, cols, XB)
+		"gemmq_actq_pro":  {8, 4, 4, 8, 8, 4, 4, 8, 8, 4, 4},
+		"gemmb_actb":      {8, 4, 4, 8}, // (X, ldx, cols, XB)
 		// (proj, ldp, grouped, nk, dk, nv, dv, w, K, state, stride, slot, out, ldo)
 		"dn_conv": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
 		// (proj, ldp, grouped, nk, dk, nv, dv, K, state, stride, slot)

@@ -597,12 +597,29 @@ type GemmQ struct {
 	// and tests compare the tiles).
 	ForceTile bool
 	Tile      string
+	// Pro: the quantizer applies a prologue to X first (gemmq_actq_pro,
+	// the int8 tiles only): ProNorm / ProNorm1 (RMSNorm by ProW with
+	// ProEps over Cols), ProSilu (silu(X)·ProU, ProU at X's stride).
+	Pro        int
+	ProU, ProW Ptr
+	ProEps     float32
 }
 
 // PackQuant packs into a gemmq_actq's parameters for g in quant order
 // perm (GemmQPerm).
 func (g GemmQ) PackQuant(a *driver.Args, perm int) *driver.Args {
 	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants).Ptr(g.Scales).Int(perm)
+}
+
+// PackQuantPro packs gemmq_actq_pro's parameters: PackQuant's, then the
+// prologue pro (ProNorm, ProNorm1: RMSNorm by w with eps; ProSilu:
+// silu(X)·u, u at X's stride).
+func (g GemmQ) PackQuantPro(a *driver.Args, perm, pro int, u, w Ptr, eps float32) *driver.Args {
+	k, onePlus := pro, 0
+	if pro == ProNorm1 {
+		k, onePlus = ProNorm, 1
+	}
+	return g.PackQuant(a, perm).Int(k).Ptr(u).Ptr(w).F32(eps).Int(onePlus)
 }
 
 // Pack packs into a the GEMM kernel's parameters for g over T rows.
@@ -662,6 +679,9 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x, %d more) with %d rows", d, g.Rows, g.Cols, uint64(g.W), len(g.More), T)
 	}
 	if g.BF16 {
+		if g.Pro != ProPlain {
+			return nil, fmt.Errorf("kern: a prologue on the bf16 wide tiles")
+		}
 		return g.bf16Calls(fam, T)
 	}
 	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
@@ -671,7 +691,14 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if len(g.More) > 0 && !strings.HasPrefix(suffix, "_w") {
 		return nil, fmt.Errorf("kern: int8 gemm tile gemmq_%s%s over %d stacked tensors (only the wide tiles take them)", fam, suffix, 1+len(g.More))
 	}
-	qa := g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix))
+	qname, qa := "gemmq_actq", g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix))
+	switch g.Pro {
+	case ProPlain:
+	case ProNorm, ProNorm1, ProSilu:
+		qname, qa = "gemmq_actq_pro", g.PackQuantPro(new(driver.Args), GemmQPerm(fam, suffix), g.Pro, g.ProU, g.ProW, g.ProEps)
+	default:
+		return nil, fmt.Errorf("kern: int8 gemm prologue %d", g.Pro)
+	}
 	cfg := ActQuantLaunch(g.Cols, T)
 	name, gcfg, err := GemmQLaunch(fam, suffix, g.StackedRows(), T)
 	if err != nil {
@@ -681,7 +708,7 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if strings.HasPrefix(suffix, "_w") {
 		ga = g.PackWide(new(driver.Args), T)
 	}
-	return []call{{"gemmq_actq", cfg, qa}, {name, gcfg, ga}}, nil
+	return []call{{qname, cfg, qa}, {name, gcfg, ga}}, nil
 }
 
 // GemmBLaunch is the launch of the bf16 wide tile suffix over rows

@@ -41,6 +41,10 @@ func TestLaunchersMatchManifest(t *testing.T) {
 						Y: 0x5000, Ldy: 14336, Bias: 0x6000}.Calls(d, T))
 				}
 			}
+			for _, pro := range []int{ProNorm, ProNorm1, ProSilu} { // the quantizer's prologues
+				add(GemmQ{W: 0x1000, Rows: 4096, Cols: 4096, X: 0x2000, Ldx: 8192, Quants: 0x3000, Scales: 0x4000,
+					Y: 0x5000, Ldy: 4096, Pro: pro, ProU: 0x7000, ProW: 0x8000, ProEps: 1e-6}.Calls(d, 64))
+			}
 			for _, tl := range GemmQTiles(fam) {
 				add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
 					Y: 0x5000, Ldy: 130, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))

@@ -42,17 +42,10 @@
 
 #define GQ_THREADS 256
 
-// One block of 32 activations a warp: amax, 127/amax, round-half-even,
-// d = amax/127, zeros for amax < 2^-120 or a NaN (kernels/quantx.go).
-extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float* __restrict__ X, int ldx, int cols,
-                                                                    int8_t* __restrict__ XQ, float* __restrict__ D,
-                                                                    int perm) {
-  pdl_trigger();
-  const int lane = threadIdx.x & 31, nb = cols / 32;
-  const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
-  pdl_wait();
-  if (b >= nb) return;  // uniform over the warp
-  const float v = X[(size_t)t * ldx + b * 32 + lane];
+// One block of 32 activations a warp (lane's value v): amax, 127/amax,
+// round-half-even, d = amax/127, zeros for amax < 2^-120 or a NaN
+// (kernels/quantx.go); quants at xq[0..32) in perm's order, d at *dp.
+__device__ __forceinline__ void gq_quant32(float v, int lane, int perm, int8_t* __restrict__ xq, float* __restrict__ dp) {
   const float am = warp_max(fabsf(v));
   const bool nan = __any_sync(FULL_MASK, v != v);
   int q = 0;
@@ -69,8 +62,53 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
                 : perm == 2 ? 4 * q8 + (e >> 1) + 16 * (e & 1)
                 : perm == 3 ? 4 * q8 + (e & 3) + 16 * (e >> 2)
                             : lane;
-  XQ[(size_t)t * cols + b * 32 + p] = (int8_t)q;
-  if (lane == 0) D[(size_t)t * nb + b] = d;
+  xq[p] = (int8_t)q;
+  if (lane == 0) *dp = d;
+}
+
+extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float* __restrict__ X, int ldx, int cols,
+                                                                    int8_t* __restrict__ XQ, float* __restrict__ D,
+                                                                    int perm) {
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, nb = cols / 32;
+  const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+  pdl_wait();
+  if (b >= nb) return;  // uniform over the warp
+  gq_quant32(X[(size_t)t * ldx + b * 32 + lane], lane, perm, XQ + (size_t)t * cols + b * 32, D + (size_t)t * nb + b);
+}
+
+// gemmq_actq_pro: gemmq_actq of a prologue of X, so the GEMM needs no
+// separate rmsnorm or silu_mul launch: pro 1 (norm) rmsnorm(X[t])·nw
+// (one_plus: ·(1 + nw)) with rmsnorm's arithmetic — every block sums the
+// row's squares with norm.cu's thread order and tree, so the values equal
+// rmsnorm's bit for bit; pro 3 (silu) silu(X[t][i])·U[t][i] with
+// silu_mul's expression, U at the same stride. Launch and the first six
+// parameters as gemmq_actq's.
+extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+    gemmq_actq_pro(const float* __restrict__ X, int ldx, int cols, int8_t* __restrict__ XQ, float* __restrict__ D, int perm,
+                   int pro, const float* __restrict__ U, const float* __restrict__ nw, float eps, int one_plus) {
+  __shared__ double sh[32];
+  pdl_trigger();
+  const int lane = threadIdx.x & 31, nb = cols / 32;
+  const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+  pdl_wait();
+  const float* xr = X + (size_t)t * ldx;
+  float inv = 0.0f;
+  if (pro == 1) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < cols; i += GQ_THREADS) ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum_d(ss, sh);
+    inv = rms_inv(ss, cols, eps);
+  }
+  if (b >= nb) return;  // uniform over the warp
+  const int i = b * 32 + lane;
+  float v = xr[i];
+  if (pro == 1) {
+    v = rms_apply(v, inv, nw[i], one_plus);
+  } else {
+    v = v / (1.0f + expf(-v)) * U[(size_t)t * ldx + i];
+  }
+  gq_quant32(v, lane, perm, XQ + (size_t)t * cols + b * 32, D + (size_t)t * nb + b);
 }
 
 // Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory.
