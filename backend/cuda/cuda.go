@@ -55,6 +55,11 @@ type Options struct {
 	// kernel starts while the one before it finishes (the kernels load
 	// weights before griddepcontrol.wait and read their inputs after it).
 	PDL bool
+	// KVF16 keeps the K/V cache in float16 (rounded to nearest even as
+	// it is appended; attention reads it with attn_tiles_h): half the
+	// memory and half the bytes attention reads, as llama.cpp's default
+	// f16 cache. Heads whose size is not a multiple of 8 keep float32.
+	KVF16 bool
 	// PDLRows: steps of at most this many rows launch with PDL (0: 64,
 	// or CORTIQ_CUDA_PDL_ROWS where set: an experiment's override).
 	// Larger prefill steps measured slower with it (the next GEMM's early
@@ -114,6 +119,7 @@ type Device struct {
 
 	spec   *backend.SeqSpec // fixed by the first NewSeq
 	kc, vc []driver.DevicePtr
+	kvHalf bool // kc, vc hold float16 (Options.KVF16 where the heads fit)
 	// ls is, per Gated DeltaNet layer, the linear-attention state of every
 	// slot: per slot [conv (K−1)×conv_dim | S nv×dk×dv] float32 (the
 	// CPU's SaveState layout), zeroed for each new sequence.
@@ -242,7 +248,7 @@ func (d *Device) Plan(weightBytes int64, spec backend.SeqSpec, widest int) error
 func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
-	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * (spec.KVBytes(d.opt.Ctx) + spec.StateBytes())}
+	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * (d.kvBytes(spec) + spec.StateBytes())}
 	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, !d.opt.NoMMQ)
 	err := d.do(func(r runner) error {
 		free, _, err := r.memInfo()
@@ -406,7 +412,28 @@ type seq struct {
 func (s *seq) Len() int { return s.n }
 func (s *seq) Cap() int { return s.ctx }
 func (s *seq) Bytes() int64 {
-	return s.d.spec.KVBytes(s.d.opt.Ctx) + s.d.spec.StateBytes()
+	return s.d.kvBytes(*s.d.spec) + s.d.spec.StateBytes()
+}
+
+// kvHalfFor reports whether spec's K/V cache is float16 on d.
+func (d *Device) kvHalfFor(spec backend.SeqSpec) bool {
+	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true)
+}
+
+// kvBytes is one sequence's K/V cache on d (float16 halves spec.KVBytes).
+func (d *Device) kvBytes(spec backend.SeqSpec) int64 {
+	if d.kvHalfFor(spec) {
+		return spec.KVBytes(d.opt.Ctx) / 2
+	}
+	return spec.KVBytes(d.opt.Ctx)
+}
+
+// kvElem is the K/V cache's element size in bytes.
+func (d *Device) kvElem() int64 {
+	if d.kvHalf {
+		return 2
+	}
+	return 4
 }
 
 // Truncate keeps the first n positions; a sequence with linear-attention
@@ -613,14 +640,14 @@ func (s *seq) CopyPrefix(src backend.Seq, n int) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	nkv, hd, ctx := int64(d.spec.KVHeads), int64(d.spec.HeadDim), int64(d.opt.Ctx)
+	nkv, hd, ctx, es := int64(d.spec.KVHeads), int64(d.spec.HeadDim), int64(d.opt.Ctx), d.kvElem()
 	err := d.do(func(r runner) error {
 		for _, l := range d.spec.Attention {
 			for _, p := range []driver.DevicePtr{d.kc[l], d.vc[l]} {
 				for h := range nkv {
-					dst := p.Add(4 * ((int64(s.slot)*nkv + h) * ctx * hd))
-					from := p.Add(4 * ((int64(c.slot)*nkv + h) * ctx * hd))
-					if err := r.dtod(dst, from, 4*int64(n)*hd); err != nil {
+					dst := p.Add(es * ((int64(s.slot)*nkv + h) * ctx * hd))
+					from := p.Add(es * ((int64(c.slot)*nkv + h) * ctx * hd))
+					if err := r.dtod(dst, from, es*int64(n)*hd); err != nil {
 						return err
 					}
 				}
@@ -640,9 +667,10 @@ func sameSpec(a, b backend.SeqSpec) bool {
 }
 
 // allocKV allocates every attention layer's pool:
-// cache[((slot·nkv + h)·ctx + t)·hd + d], float32.
+// cache[((slot·nkv + h)·ctx + t)·hd + d], float32 or (kvHalfFor) float16.
 func (d *Device) allocKV(spec backend.SeqSpec) error {
-	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * 4
+	d.kvHalf = d.kvHalfFor(spec)
+	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * d.kvElem()
 	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
 	err := d.do(func(r runner) error {
 		for _, l := range spec.Attention {

@@ -61,20 +61,34 @@ func TestGPUParity(t *testing.T) {
 // against the CPU backend: f32 held to 1e-10, q8_row and q8_2f to q8, q4tp
 // to q4, the float16 formats to 1e-9.
 func parityAgainstCPU(t *testing.T, opt cuda.Options, q8, q4 float64) {
+	parityAgainstCPUTol(t, opt, 1e-10, 1e-9, q8, q4)
+}
+
+// parityAgainstCPUTol is parityAgainstCPU with the float formats'
+// tolerances given too (f32, and f16 / bf16).
+func parityAgainstCPUTol(t *testing.T, opt cuda.Options, f32, f16, q8, q4 float64) {
 	g := open(t, opt)
 	c := cpu.New(2)
 	defer c.Close()
 	backendtest.Parity(t, g, c, func(k backendtest.Case) float64 {
 		switch k.DType {
 		case quant.F32:
-			return 1e-10
+			return f32
 		case quant.Q8Row, quant.Q82F:
 			return q8
 		case quant.Q4TP:
 			return q4
 		}
-		return 1e-9
+		return f16
 	})
+}
+
+// TestGPUParityKVF16: the parity suite with Options.KVF16 (float16 K/V
+// cache: rope_qk_append_h, attn_tiles_h) against the CPU's float32 cache,
+// every format within 1e-4 (the cache's rounding; the fake's model of the
+// same kernels, TestParitySuiteNumericOnFakeKVF16, saw at most 4e-5).
+func TestGPUParityKVF16(t *testing.T) {
+	parityAgainstCPUTol(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, KVF16: true}, 1e-4, 1e-4, 1e-4, 1e-4)
 }
 
 // TestGPUParityBF16Wide: the parity suite with Options.BF16Wide, where

@@ -12,6 +12,7 @@ import (
 	"github.com/cortiq/cortiq/backend/cpu"
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/half"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -26,6 +27,32 @@ type f32s []byte
 
 func (v f32s) at(i int) float32     { return math.Float32frombits(binary.LittleEndian.Uint32(v[4*i:])) }
 func (v f32s) set(i int, x float32) { binary.LittleEndian.PutUint32(v[4*i:], math.Float32bits(x)) }
+
+// f16s is a float16 view of fake device memory (a K/V cache of
+// Options.KVF16): set rounds to nearest even.
+type f16s []byte
+
+func (v f16s) at(i int) float32     { return half.F16ToF32(binary.LittleEndian.Uint16(v[2*i:])) }
+func (v f16s) set(i int, x float32) { binary.LittleEndian.PutUint16(v[2*i:], half.F32ToF16(x)) }
+
+// kvStore is a K/V cache's view: float32 or float16.
+type kvStore interface {
+	at(i int) float32
+	set(i int, x float32)
+}
+
+// kv returns a cache view of n elements at p, float16 for the _h kernels.
+func (f *fakeGPU) kv(p driver.DevicePtr, n int, f16 bool) kvStore {
+	if !f16 {
+		return f.view(p, n)
+	}
+	a := f.find(p, 2*int64(n))
+	if a == nil || a.mem == nil {
+		f.t.Fatalf("fake: %d halves at %#x outside the allocations", n, p)
+	}
+	o := int(p - a.base)
+	return f16s(a.mem[o : o+2*n])
+}
 
 // view returns n floats at p (the launch checks have bounded every extent).
 func (f *fakeGPU) view(p driver.DevicePtr, n int) f32s {
@@ -380,14 +407,14 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				xs.set(r*ldxs+i, x.at(r*ldx+i)*col.at(i))
 			}
 		}
-	case name == "rope_qk_append":
+	case name == "rope_qk_append" || name == "rope_qk_append_h":
 		ld, nq, nkv, hd, rot, ms, ctx := c.int(1), c.int(2), c.int(3), c.int(4), c.int(5), c.f32(7), c.int(12)
 		R := int(g.Y)
 		qkv, inv := f.view(c.ptr(0), int(rowsSpan(R, ld, (nq+2*nkv)*hd)/4)), f.view(c.ptr(6), max(rot/2, 1))
 		pos, _ := f.ints(c.ptr(8), R)
 		slot, _ := f.ints(c.ptr(9), R)
 		per := f.seqs * nkv * ctx * hd
-		kc, vc := f.view(c.ptr(10), per), f.view(c.ptr(11), per)
+		kc, vc := f.kv(c.ptr(10), per, name == "rope_qk_append_h"), f.kv(c.ptr(11), per, name == "rope_qk_append_h")
 		rotate := func(b, p int) {
 			for i := range rot / 2 {
 				ang := float32(p) * inv.at(i)
@@ -487,7 +514,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 		}
-	case name == "attn_tiles":
+	case name == "attn_tiles" || name == "attn_tiles_h":
 		// attn.cu's attn_tiles: split and merge in one launch; the
 		// result is the softmax-weighted sum over each row's positions
 		// (the splits only change the rounding), zeros for no position.
@@ -495,7 +522,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		R := int(g.Z)
 		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
 		per := f.seqs * nkv * ctx * hd
-		kc, vc := f.view(c.ptr(2), per), f.view(c.ptr(3), per)
+		kc, vc := f.kv(c.ptr(2), per, name == "attn_tiles_h"), f.kv(c.ptr(3), per, name == "attn_tiles_h")
 		pos, _ := f.ints(c.ptr(4), R)
 		slot, _ := f.ints(c.ptr(5), R)
 		out := f.view(c.ptr(8), int(rowsSpan(R, ldo, nq*hd)/4))
@@ -1313,5 +1340,48 @@ func (f *fakeGPU) gemmParts(fam string, g fakeGemmQ, xv [][]float64) {
 			}
 		}
 		col += p.rows
+	}
+}
+
+// TestParitySuiteNumericOnFakeKVF16: the parity suite on the fake with
+// Options.KVF16 (the K/V cache in float16: rope_qk_append_h and
+// attn_tiles_h) against the CPU's float32 cache, graphs on: every case
+// within 1e-4 NMSE (the cache's rounding, 2^-11 relative, is all that
+// differs from the float32 path; worst seen 4e-5 on these small random
+// models), and the float16 kernels must have run.
+func TestParitySuiteNumericOnFakeKVF16(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	f := newFake(t, 4)
+	f.numeric, f.decoded = true, map[string][]float32{}
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, KVF16: true})
+	worst := 0.0
+	for _, k := range backendtest.Cases() {
+		for name, sched := range backendtest.Schedules() {
+			got, err := backendtest.Run(d, k, sched, 11)
+			if notYet(err) {
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s / %s: %v", k.Name, name, err)
+			}
+			want, err := backendtest.Run(c, k, sched, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := backendtest.NMSE(got, want)
+			worst = max(worst, n)
+			if n > 1e-4 || math.IsNaN(n) {
+				t.Errorf("%s / %s: NMSE %.3g against the CPU (tolerance 1e-4)", k.Name, name, n)
+			}
+		}
+	}
+	t.Logf("worst NMSE against the CPU's float32 cache: %.3g", worst)
+	ran := map[string]bool{}
+	for _, c := range f.calls {
+		ran[c.name] = true
+	}
+	if !ran["rope_qk_append_h"] || !ran["attn_tiles_h"] || ran["attn_tiles"] {
+		t.Errorf("float16 cache kernels not used: %v", ran)
 	}
 }

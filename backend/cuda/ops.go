@@ -1093,26 +1093,30 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 			st.a().Ptr(qkv.Add(4 * int64(r0) * int64(ld))).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).
 				Ptr(st.dynInv.Add(int64(4 * i * (r.Dim() / 2)))).F32(st.dynMS[i]).
 				Ptr(st.pos().Add(int64(4 * r0))).Ptr(st.slot().Add(int64(4 * r0))).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
-			st.launch("rope_qk_append", driver.D2(nq+nkv, n), driver.D1(64), 0)
+			st.launch(kern.RopeQKAppendKernel(d.kvHalf), driver.D2(nq+nkv, n), driver.D1(64), 0)
 			r0 = last + 1
 		}
 	} else {
 		st.a().Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).Ptr(r.inv).F32(r.mscale).
 			Ptr(st.pos()).Ptr(st.slot()).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
-		st.launch("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0)
+		st.launch(kern.RopeQKAppendKernel(d.kvHalf), driver.D2(nq+nkv, R), driver.D1(64), 0)
 	}
 	// Causal attention: row r sees positions ≤ pos[r] (its chunk's earlier
 	// rows were appended above), split over nsplit chunks of the length:
 	// attn_tiles (split and merge in one launch) where the head fits,
 	// else attn_split + attn_merge.
 	scale := float32(1 / math.Sqrt(float64(hd)))
-	if kern.AttnTilesFits(hd, ld) {
+	if d.kvHalf && !kern.AttnTilesFits(hd, ld, true) {
+		st.fail(fmt.Errorf("cuda: a float16 K/V cache for heads of %d dimensions (q rows of %d)", hd, ld))
+		return
+	}
+	if kern.AttnTilesFits(hd, ld, d.kvHalf) {
 		nsplit := kern.AttnTilesSplits(d.info.SMs, nkv, R)
 		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, kern.AttnTilesSplits))*int64(nq)*int64(hd+2)*4)
 		cnt := st.bufZeroed("attn_cnt", int64(M)*int64(nkv)*4)
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
-		st.launch("attn_tiles", driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd))
+		st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
 	} else {
 		nsplit := attnSplits(d.info.SMs, nkv, R)
 		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, attnSplits))*int64(nq)*int64(hd+2)*4)

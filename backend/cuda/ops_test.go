@@ -364,7 +364,11 @@ func (f *fakeGPU) checkKV(c *fakeCall, posArg, slotArg, kcArg, vcArg int, R, nkv
 		if slot[r] < 0 || slot[r] >= f.seqs || pos[r] < 0 || pos[r] >= ctx {
 			return fmt.Errorf("row %d: position %d slot %d outside the pool", r, pos[r], slot[r])
 		}
-		end := 4 * ((int64(slot[r]*nkv+nkv-1)*int64(ctx)+int64(pos[r]))*int64(hd) + int64(hd))
+		es := int64(4)
+		if strings.HasSuffix(c.name, "_h") {
+			es = 2 // a float16 cache
+		}
+		end := es * ((int64(slot[r]*nkv+nkv-1)*int64(ctx)+int64(pos[r]))*int64(hd) + int64(hd))
 		for _, i := range []int{kcArg, vcArg} {
 			if err := f.span("cache", c.ptr(i), end); err != nil {
 				return err
@@ -546,7 +550,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(int(g.X) == (cols+255)/256 && b.X == 256, "shape"), want(ldx >= cols && ldxs >= cols, "ld"),
 			f.span("W col field", c.ptr(0), off+4*int64(cols)),
 			f.span("x", c.ptr(3), rowsSpan(R, ldx, cols)), f.span("xs", c.ptr(5), rowsSpan(R, ldxs, cols)))
-	case name == "rope_qk_append":
+	case name == "rope_qk_append" || name == "rope_qk_append_h":
 		ld, nq, nkv, hd, rot, ctx := c.int(1), c.int(2), c.int(3), c.int(4), c.int(5), c.int(12)
 		R := int(g.Y)
 		return errorsJoin(want(int(g.X) == nq+nkv && b.X == 64, "shape"), want(ld >= (nq+2*nkv)*hd, "ld %d", ld),
@@ -560,12 +564,12 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			want(c.cfg.Shared == 4*8*(hd+2)*4, "shared %d", c.cfg.Shared), want(nq%nkv == 0 && hd <= 256, "heads"),
 			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))),
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx))
-	case name == "attn_tiles":
+	case name == "attn_tiles" || name == "attn_tiles_h":
 		ldq, ldo, nq, nkv, hd, ctx, nsplit := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.int(14)
-		R := int(g.Z)
+		R, f16 := int(g.Z), name == "attn_tiles_h"
 		errs := []error{want(int(g.X) == nsplit && int(g.Y) == nkv && b.X == 128, "shape"),
-			want(c.cfg.Shared == kern.AttnTilesShared(hd), "shared %d", c.cfg.Shared),
-			want(nq%nkv == 0 && kern.AttnTilesFits(hd, ldq) && ldo%4 == 0 && ldo >= nq*hd, "heads"),
+			want(c.cfg.Shared == kern.AttnTilesShared(hd, f16), "shared %d", c.cfg.Shared),
+			want(nq%nkv == 0 && kern.AttnTilesFits(hd, ldq, f16) && ldo%4 == 0 && ldo >= nq*hd, "heads"),
 			want(nsplit >= 1 && nsplit <= kern.AttnTilesMaxSplits, "splits %d", nsplit),
 			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("out", c.ptr(8), rowsSpan(R, ldo, nq*hd)),
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx)}

@@ -301,8 +301,9 @@ func BenchmarkGPUDeltaNet(b *testing.B) {
 // R rows (each its own sequence, all at length len): attn_split +
 // attn_merge at the split count the device used before attn_tiles
 // (2·SMs/(nkv·R)), and attn_tiles at 1, 2 and 4 splits and at
-// kern.AttnTilesSplits. SetBytes is the K and V bytes the rows read, so
-// GB/s compares with the device's read bandwidth.
+// kern.AttnTilesSplits, then attn_tiles_h over float16 caches. SetBytes
+// is the K and V bytes the rows read, so GB/s compares with the device's
+// read bandwidth.
 func BenchmarkGPUAttention(b *testing.B) {
 	d, m := benchGPU(b)
 	const launches, nq, nkv, hd = 20, 32, 8, 128
@@ -311,12 +312,14 @@ func BenchmarkGPUAttention(b *testing.B) {
 		R, n := sh.R, sh.n
 		ctx := n
 		kvBytes := int64(R) * int64(n) * nkv * hd * 4 * 2
+		auto := kern.AttnTilesSplits(sms, nkv, R)
 		variants := []struct {
-			name   string
-			nsplit int
-			tiles  bool
-		}{{"split_merge", max(1, min(64, 2*sms/(nkv*R))), false}, {"tiles_s1", 1, true}, {"tiles_s2", 2, true}, {"tiles_s4", 4, true},
-			{fmt.Sprintf("tiles_auto%d", kern.AttnTilesSplits(sms, nkv, R)), kern.AttnTilesSplits(sms, nkv, R), true}}
+			name        string
+			nsplit      int
+			tiles, half bool
+		}{{"split_merge", max(1, min(64, 2*sms/(nkv*R))), false, false}, {"tiles_s1", 1, true, false}, {"tiles_s2", 2, true, false}, {"tiles_s4", 4, true, false},
+			{fmt.Sprintf("tiles_auto%d", auto), auto, true, false},
+			{"tiles_f16_s1", 1, true, true}, {"tiles_f16_s2", 2, true, true}, {fmt.Sprintf("tiles_f16_auto%d", auto), auto, true, true}}
 		for _, v := range variants {
 			b.Run(fmt.Sprintf("R%d/len%d/%s", R, n, v.name), func(b *testing.B) {
 				var bufs []driver.DevicePtr
@@ -359,7 +362,7 @@ func BenchmarkGPUAttention(b *testing.B) {
 				queue := func(c *driver.Ctx) error {
 					l := m.On(c, 0, false)
 					if v.tiles {
-						return l.AttentionTiles(q, nq*hd, kc, vc, pos, slot, part, cnt, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088)
+						return l.AttentionTiles(q, nq*hd, kc, vc, pos, slot, part, cnt, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088, v.half)
 					}
 					return l.Attention(q, nq*hd, kc, vc, pos, slot, part, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088)
 				}
@@ -367,9 +370,13 @@ func BenchmarkGPUAttention(b *testing.B) {
 					b.Fatal(err)
 				}
 				ms := timeLaunches(b, d, launches, queue)
-				b.SetBytes(kvBytes * launches)
+				nb := kvBytes
+				if v.half {
+					nb /= 2
+				}
+				b.SetBytes(nb * launches)
 				sec := float64(ms) / 1e3
-				b.ReportMetric(float64(kvBytes)*launches*float64(b.N)/sec/1e9, "GB/s")
+				b.ReportMetric(float64(nb)*launches*float64(b.N)/sec/1e9, "GB/s")
 				b.ReportMetric(sec/float64(b.N*launches)*1e6, "µs/call")
 			})
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/half"
 )
 
 // Plain references with the CPU backend's arithmetic (kernels/ops.go,
@@ -197,6 +198,23 @@ func TestGPURopeKVAppend(t *testing.T) {
 			}
 		}
 	}
+	// rope_qk_append_h: the same rotation in qkv, the float16 cache holds
+	// the f32 cache's values rounded to nearest even.
+	d3 := g.f32(qkv)
+	kc3, vc3 := g.upload(make([]byte, 2*cacheN)), g.upload(make([]byte, 2*cacheN))
+	a.Reset().Ptr(d3).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(dinv).F32(1).Ptr(dpos).Ptr(dslot).Ptr(kc3).Ptr(vc3).Int(ctx)
+	g.launch("rope_qk_append_h", driver.D2(nq+nkv, R), driver.D1(64), 0, &a)
+	if b3 := g.readBytes(d3, 4*R*ld); string(b3) != string(b1) {
+		t.Fatalf("rope_qk_append_h rotates q/k differently from rope_qk_append")
+	}
+	kh, vh := g.readBytes(kc3, 2*cacheN), g.readBytes(vc3, 2*cacheN)
+	v2 := g.readF32(vc1, cacheN)
+	for i := range k1 {
+		if binary.LittleEndian.Uint16(kh[2*i:]) != half.F32ToF16(k1[i]) || binary.LittleEndian.Uint16(vh[2*i:]) != half.F32ToF16(v2[i]) {
+			t.Fatalf("float16 cache element %d: %#x / %#x, want the float32 cache's %g / %g rounded", i,
+				binary.LittleEndian.Uint16(kh[2*i:]), binary.LittleEndian.Uint16(vh[2*i:]), k1[i], v2[i])
+		}
+	}
 }
 
 func TestGPUSiluMulAdd(t *testing.T) {
@@ -322,8 +340,12 @@ func TestGPUAttentionParity(t *testing.T) {
 // attendTiles runs attn_tiles through the launcher (cnt: R·nkv zeroed
 // counters).
 func attendTiles(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, cnt, out driver.DevicePtr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) {
+	attendTilesKV(g, dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, false)
+}
+
+func attendTilesKV(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, cnt, out driver.DevicePtr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) {
 	g.run(func(l *kern.Launcher) error {
-		return l.AttentionTiles(dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale)
+		return l.AttentionTiles(dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16)
 	})
 }
 
@@ -377,6 +399,48 @@ func TestGPUAttentionTilesParity(t *testing.T) {
 		for i := range got {
 			if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
 				t.Fatalf("attn_tiles %+v: a second launch gives out[%d] = %g, the first %g", c, i, again[i], got[i])
+			}
+		}
+	}
+}
+
+// TestGPUAttentionTilesF16: attn_tiles_h over float16 caches against the
+// float64 reference of the same (f16-rounded) keys and values: head sizes
+// 64, 80, 128 and 256, one split and several, lengths around the tile
+// edges and 0.
+func TestGPUAttentionTilesF16(t *testing.T) {
+	g := newGPU(t)
+	r := rng(19)
+	for _, c := range []struct{ nq, nkv, hd, ctx, nsplit int }{
+		{32, 8, 128, 520, 1}, {32, 8, 128, 520, 2}, {28, 4, 80, 129, 16}, {16, 2, 256, 200, 3}, {8, 8, 64, 300, 64},
+	} {
+		const slots = 3
+		lens := []int{0, 1, 31, 32, 33, 65, c.ctx - 1, c.ctx}
+		R := len(lens)
+		pos, slot := make([]int32, R), make([]int32, R)
+		for i, l := range lens {
+			pos[i], slot[i] = int32(l-1), int32(i%slots)
+		}
+		cacheN := slots * c.nkv * c.ctx * c.hd
+		kc, vc := r.vec(cacheN, 1), r.vec(cacheN, 1)
+		kh, vh := make([]byte, 2*cacheN), make([]byte, 2*cacheN)
+		for i := range kc {
+			binary.LittleEndian.PutUint16(kh[2*i:], half.F32ToF16(kc[i]))
+			binary.LittleEndian.PutUint16(vh[2*i:], half.F32ToF16(vc[i]))
+			kc[i], vc[i] = half.RoundF16(kc[i]), half.RoundF16(vc[i])
+		}
+		ldq := c.nq * c.hd
+		q := r.vec(R*ldq, 1)
+		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		part, cnt, out := g.zeros(R*c.nq*c.nsplit*(c.hd+2)), g.zeros(R*c.nkv), g.zeros(R*c.nq*c.hd)
+		attendTilesKV(g, g.f32(q), ldq, g.upload(kh), g.upload(vh), g.i32(pos), g.i32(slot), part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, scale, true)
+		got := g.readF32(out, R*c.nq*c.hd)
+		for ri := range R {
+			want := refAttention(q[ri*ldq:], kc, vc, int(pos[ri]), int(slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(scale))
+			for i, wv := range want {
+				if !closeRel(got[ri*c.nq*c.hd+i], wv, 1e-5, 1e-5) {
+					t.Fatalf("attn_tiles_h %+v len %d: out[%d] = %g, want %g", c, lens[ri], i, got[ri*c.nq*c.hd+i], wv)
+				}
 			}
 		}
 	}

@@ -35,13 +35,21 @@ const (
 	AttnTilesMaxSplits = 64
 )
 
-// AttnTilesFits reports whether attn_tiles serves heads of hd dimensions
-// with q rows at stride ldq floats (float4 loads: both multiples of 4).
-func AttnTilesFits(hd, ldq int) bool { return hd >= 4 && hd <= 256 && hd%4 == 0 && ldq%4 == 0 }
+// AttnTilesFits reports whether attn_tiles (f16: attn_tiles_h over a
+// float16 cache) serves heads of hd dimensions with q rows at stride ldq
+// floats (float4 loads: both multiples of 4; 16-byte copies of f16 rows:
+// hd a multiple of 8).
+func AttnTilesFits(hd, ldq int, f16 bool) bool {
+	return hd >= 4 && hd <= 256 && hd%4 == 0 && ldq%4 == 0 && (!f16 || hd%8 == 0)
+}
 
 // AttnTilesShared is attn_tiles' dynamic shared memory in bytes: q of 8
-// heads and a two-stage ring of K and V tiles at a conflict-free stride.
-func AttnTilesShared(hd int) int {
+// heads and a two-stage ring of K and V tiles at a conflict-free stride
+// (floats: 4·odd; halves: hd + 8).
+func AttnTilesShared(hd int, f16 bool) int {
+	if f16 {
+		return 4*8*hd + 2*4*attnTileRows*(hd+8)
+	}
 	st := 4 * ((hd / 4) | 1)
 	return 4 * (8*hd + 4*attnTileRows*st)
 }
@@ -832,15 +840,16 @@ func (l *Launcher) KVAppend(k Ptr, ldk int, v Ptr, ldv int, kc, vc, pos, slot Pt
 	return l.run(kvAppendCalls(k, ldk, v, ldv, kc, vc, pos, slot, nkv, hd, ctx, R), nil)
 }
 
-func ropeQKAppendCalls(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int) []call {
+func ropeQKAppendCalls(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool) []call {
 	a := new(driver.Args).Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(inv).F32(mscale).
 		Ptr(pos).Ptr(slot).Ptr(kc).Ptr(vc).Int(ctx)
-	return one("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0, a)
+	return one(RopeQKAppendKernel(f16), driver.D2(nq+nkv, R), driver.D1(64), 0, a)
 }
 
-// RopeQKAppend queues RoPE of q and k in a fused q|k|v row and the K/V append.
-func (l *Launcher) RopeQKAppend(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int) error {
-	return l.run(ropeQKAppendCalls(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, R), nil)
+// RopeQKAppend queues RoPE of q and k in a fused q|k|v row and the K/V
+// append (f16: into float16 caches, rounded to nearest even).
+func (l *Launcher) RopeQKAppend(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool) error {
+	return l.run(ropeQKAppendCalls(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, R, f16), nil)
 }
 
 func attentionCalls(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) ([]call, error) {
@@ -865,21 +874,39 @@ func (l *Launcher) Attention(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, l
 	return l.run(attentionCalls(q, ldq, kc, vc, pos, slot, part, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
 }
 
-func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) ([]call, error) {
-	if nkv < 1 || nq%nkv != 0 || !AttnTilesFits(hd, ldq) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits {
+func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) ([]call, error) {
+	if nkv < 1 || nq%nkv != 0 || !AttnTilesFits(hd, ldq, f16) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits {
 		return nil, fmt.Errorf("kern: tiled attention with %d query heads, %d kv heads, head size %d, q stride %d, out stride %d, %d splits", nq, nkv, hd, ldq, ldo, nsplit)
 	}
 	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
 		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
-	return one("attn_tiles", driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd), a), nil
+	return one(AttnTilesKernel(f16), driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd, f16), a), nil
+}
+
+// AttnTilesKernel names the tiled attention kernel of a float32 or
+// float16 cache.
+func AttnTilesKernel(f16 bool) string {
+	if f16 {
+		return "attn_tiles_h"
+	}
+	return "attn_tiles"
+}
+
+// RopeQKAppendKernel names rope_qk_append for a float32 or float16 cache.
+func RopeQKAppendKernel(f16 bool) string {
+	if f16 {
+		return "rope_qk_append_h"
+	}
+	return "rope_qk_append"
 }
 
 // AttentionTiles queues the same attention as Attention in one launch
-// (attn_tiles): part holds AttnPartFloats(R, nq, nsplit, hd) floats (unused
-// when nsplit is 1), cnt R·nkv int32 counters that are zero before the
-// first launch (the kernel leaves them zero).
-func (l *Launcher) AttentionTiles(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) error {
-	return l.run(attentionTilesCalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
+// (attn_tiles; f16: attn_tiles_h over float16 caches): part holds
+// AttnPartFloats(R, nq, nsplit, hd) floats (unused when nsplit is 1), cnt
+// R·nkv int32 counters that are zero before the first launch (the kernel
+// leaves them zero).
+func (l *Launcher) AttentionTiles(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) error {
+	return l.run(attentionTilesCalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16))
 }
 
 func siluMulCalls(g, u Ptr, ldi int, h Ptr, ldh, n, R int) []call {

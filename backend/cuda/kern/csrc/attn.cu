@@ -156,15 +156,19 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, float* __r
 // cnt[r·nkv + kh] (which it resets to 0 for the next launch), merges the
 // splits that hold positions, in split order, so the result does not
 // depend on which block came last.
-// Requires hd % 4 == 0, hd ≤ 256, ldq % 4 == 0, ldo % 4 == 0, nsplit ≤ 64.
-// Launch: grid (nsplit, nkv, R), block 128, dynamic shared memory
-// kern.AttnTilesShared(hd) = 4·(8·hd + 4·AT_TP·at_stride(hd)) bytes; cnt
-// zeroed before the first launch; part R·nq·nsplit·(hd + 2) floats.
+// attn_tiles_h reads a float16 cache (rope_qk_append_h's), converting in
+// the compute phase: half the bytes, twice the blocks an SM.
+// Requires hd % 4 == 0 (f16: hd % 8 == 0), hd ≤ 256, ldq % 4 == 0,
+// ldo % 4 == 0, nsplit ≤ 64. Launch: grid (nsplit, nkv, R), block 128,
+// dynamic shared memory kern.AttnTilesShared(hd, f16) = 4·8·hd +
+// 4·AT_TP·stride·(4 or 2) bytes (stride: at_stride(hd) floats, hd + 8
+// halves); cnt zeroed before the first launch; part R·nq·nsplit·(hd + 2)
+// floats.
 #define AT_TP 32
 __host__ __device__ __forceinline__ int at_stride(int hd) { return 4 * ((hd / 4) | 1); }  // conflict-free LDS.128 by row
 
 // 16 bytes global → shared, or 16 zero bytes when !pred (src not read).
-__device__ __forceinline__ void at_cp16(float* dst, const float* src, bool pred) {
+__device__ __forceinline__ void at_cp16(void* dst, const void* src, bool pred) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
@@ -176,10 +180,62 @@ __device__ __forceinline__ void at_fma4(float4& o, float p, const float4 v) {
   o.w = fmaf(p, v.w, o.w);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    attn_tiles(const float* __restrict__ q, int ldq, const float* __restrict__ kc, const float* __restrict__ vc,
-               const int* __restrict__ pos, const int* __restrict__ slot, float* __restrict__ part, int* __restrict__ cnt,
-               float* __restrict__ out, int ldo, int nq, int nkv, int hd, int ctx, int nsplit, float scale) {
+// Cache element types: row stride in shared memory (elements; 16-byte
+// aligned rows, conflict-free reads), four elements as floats, and the
+// partial dot product of q (floats) with a K row over the head.
+struct AtF32 {
+  typedef float T;
+  __device__ static int stride(int hd) { return at_stride(hd); }
+  __device__ static float4 ld4(const float* p) { return *(const float4*)p; }
+  __device__ static float dot(const float* kr, const float* qg, int hd) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < hd; d += 4) {
+      const float4 k = *(const float4*)(kr + d), x = *(const float4*)(qg + d);
+      s0 = fmaf(k.x, x.x, s0);
+      s1 = fmaf(k.y, x.y, s1);
+      s2 = fmaf(k.z, x.z, s2);
+      s3 = fmaf(k.w, x.w, s3);
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+};
+struct AtF16 {
+  typedef __half T;
+  __device__ static int stride(int hd) { return hd + 8; }  // 16 bytes of padding: LDS.128 by row conflict-free
+  __device__ static float4 ld4(const __half* p) {
+    const uint2 u = *(const uint2*)p;
+    const float2 a = __half22float2(*(const __half2*)&u.x), b = __half22float2(*(const __half2*)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+  }
+  __device__ static float dot(const __half* kr, const float* qg, int hd) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll 2
+    for (int d = 0; d < hd; d += 8) {
+      const uint4 u = *(const uint4*)(kr + d);
+      const float4 x0 = *(const float4*)(qg + d), x1 = *(const float4*)(qg + d + 4);
+      const float2 a = __half22float2(*(const __half2*)&u.x), b = __half22float2(*(const __half2*)&u.y);
+      const float2 c = __half22float2(*(const __half2*)&u.z), e = __half22float2(*(const __half2*)&u.w);
+      s0 = fmaf(a.x, x0.x, s0);
+      s1 = fmaf(a.y, x0.y, s1);
+      s2 = fmaf(b.x, x0.z, s2);
+      s3 = fmaf(b.y, x0.w, s3);
+      s0 = fmaf(c.x, x1.x, s0);
+      s1 = fmaf(c.y, x1.y, s1);
+      s2 = fmaf(e.x, x1.z, s2);
+      s3 = fmaf(e.y, x1.w, s3);
+    }
+    return (s0 + s1) + (s2 + s3);
+  }
+};
+
+template <class E>
+__device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int ldq, const typename E::T* __restrict__ kc,
+                                                const typename E::T* __restrict__ vc, const int* __restrict__ pos,
+                                                const int* __restrict__ slot, float* __restrict__ part, int* __restrict__ cnt,
+                                                float* __restrict__ out, int ldo, int nq, int nkv, int hd, int ctx, int nsplit,
+                                                float scale) {
+  typedef typename E::T T;
   extern __shared__ float4 at_sm4[];
   float* sm = (float*)at_sm4;
   __shared__ int last;
@@ -187,17 +243,18 @@ extern "C" __global__ void __launch_bounds__(128)
   pdl_wait();
   const int s = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int G = nq / nkv, hd4 = hd / 4, st = at_stride(hd);
+  const int G = nq / nkv, hd4 = hd / 4, st = E::stride(hd);
+  const int epc = 16 / (int)sizeof(T), cpr = hd / epc;  // elements a 16-byte copy, copies a row
   int len = pos[r] + 1;
   len = len < 0 ? 0 : (len > ctx ? ctx : len);
   const int chunk = max((len + nsplit - 1) / nsplit, AT_TP);
   const int t0 = min(len, s * chunk), t1 = min(len, t0 + chunk);
   const int ntile = (t1 - t0 + AT_TP - 1) / AT_TP;
   const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * hd;
-  float* qs = sm;                   // [8][hd], scaled
-  float* ks = qs + 8 * hd;          // [2][AT_TP][st]
-  float* vs = ks + 2 * AT_TP * st;  // [2][AT_TP][st]
-  float* po = part;                                        // o partials
+  float* qs = sm;                       // [8][hd], scaled
+  T* ks = (T*)(qs + 8 * hd);            // [2][AT_TP][st]
+  T* vs = ks + 2 * AT_TP * st;          // [2][AT_TP][st]
+  float* po = part;                                          // o partials
   float* pml = part + (size_t)gridDim.z * nq * nsplit * hd;  // (m, l) partials
 
   for (int g0 = 0; g0 < G; g0 += 8) {
@@ -214,12 +271,12 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int i = 0; i <= ntile; i++) {
       if (i < ntile) {  // queue tile i into stage i&1, rows past t1 zeroed
         const int b = i & 1, ta = t0 + i * AT_TP;
-        for (int c = threadIdx.x; c < AT_TP * hd4; c += 128) {
-          const int row = c / hd4, c4 = c - row * hd4;
+        for (int c = threadIdx.x; c < AT_TP * cpr; c += 128) {
+          const int row = c / cpr, e0 = (c - row * cpr) * epc;
           const bool in = ta + row < t1;
-          const size_t off = in ? cbase + (size_t)(ta + row) * hd + 4 * c4 : 0;
-          at_cp16(ks + (b * AT_TP + row) * st + 4 * c4, kc + off, in);
-          at_cp16(vs + (b * AT_TP + row) * st + 4 * c4, vc + off, in);
+          const size_t off = in ? cbase + (size_t)(ta + row) * hd + e0 : 0;
+          at_cp16(ks + (b * AT_TP + row) * st + e0, kc + off, in);
+          at_cp16(vs + (b * AT_TP + row) * st + e0, vc + off, in);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
       }
@@ -232,24 +289,14 @@ extern "C" __global__ void __launch_bounds__(128)
       }
       __syncthreads();
       const int b = (i - 1) & 1, n = min(AT_TP, t1 - (t0 + (i - 1) * AT_TP));
-      const float* kt = ks + b * AT_TP * st;
-      const float* vt = vs + b * AT_TP * st;
+      const T* kt = ks + b * AT_TP * st;
+      const T* vt = vs + b * AT_TP * st;
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
         const int g = warp + 4 * hh;
         if (g >= ng) break;
-        const float4* kr = (const float4*)(kt + lane * st);
-        const float4* qg = (const float4*)(qs + g * hd);
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma unroll 4
-        for (int d4 = 0; d4 < hd4; d4++) {
-          const float4 k = kr[d4], x = qg[d4];
-          s0 = fmaf(k.x, x.x, s0);
-          s1 = fmaf(k.y, x.y, s1);
-          s2 = fmaf(k.z, x.z, s2);
-          s3 = fmaf(k.w, x.w, s3);
-        }
-        const float sc = lane < n ? (s0 + s1) + (s2 + s3) : -INFINITY;
+        const float d = E::dot(kt + lane * st, qs + g * hd, hd);
+        const float sc = lane < n ? d : -INFINITY;
         const float mn = fmaxf(m[hh], warp_max(sc));  // finite: n ≥ 1
         const float corr = expf(m[hh] - mn);          // 0 on the first tile (m = -inf)
         const float p = expf(sc - mn);                // 0 past the length
@@ -268,11 +315,11 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
           for (int u = 0; u < 8; u++) {
             const float pt = __shfl_sync(FULL_MASK, p, ta + u);
-            const float4* vr = (const float4*)(vt + (ta + u) * st);
+            const T* vr = vt + (ta + u) * st;
 #pragma unroll
             for (int j = 0; j < 2; j++) {
               const int d4 = lane + 32 * j;
-              if (d4 < hd4) at_fma4(o[hh][j], pt, vr[d4]);
+              if (d4 < hd4) at_fma4(o[hh][j], pt, E::ld4(vr + 4 * d4));
             }
           }
         }
@@ -356,4 +403,15 @@ extern "C" __global__ void __launch_bounds__(128)
     }
   }
   if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
+}
+
+#define ATTN_TILES_PARAMS(T)                                                                                           \
+  const float *__restrict__ q, int ldq, const T *__restrict__ kc, const T *__restrict__ vc, const int *__restrict__ pos, \
+      const int *__restrict__ slot, float *__restrict__ part, int *__restrict__ cnt, float *__restrict__ out, int ldo,   \
+      int nq, int nkv, int hd, int ctx, int nsplit, float scale
+extern "C" __global__ void __launch_bounds__(128) attn_tiles(ATTN_TILES_PARAMS(float)) {
+  attn_tiles_body<AtF32>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_tiles_h(ATTN_TILES_PARAMS(__half)) {
+  attn_tiles_body<AtF16>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale);
 }

@@ -3,7 +3,8 @@
 // Angles as the CPU computes them: float(pos·inv[i]), sin and cos in double,
 // both times mscale (yarn's attention factor, 1 otherwise). The scaling
 // types (linear, dynamic, yarn, llama3, freq_factors) only change inv.
-// KV cache layout, float32: cache[((slot·nkv + h)·ctx + t)·hd + d].
+// KV cache layout, float32 (the _h kernels: float16):
+// cache[((slot·nkv + h)·ctx + t)·hd + d].
 #include "common.cuh"
 
 // Rotates one head in place: for i < rot/2, (x[i], x[i+rot/2]) becomes
@@ -30,12 +31,16 @@ extern "C" __global__ void rope(float* x, int ldx, int hd, int rot, const float*
   rope_head(x + (size_t)blockIdx.y * ldx + (size_t)blockIdx.x * hd, rot, inv, mscale, pos[blockIdx.y]);
 }
 
-__device__ __forceinline__ void kv_write(const float* k, const float* v, float* kc, float* vc, int slot, int h,
-                                         int nkv, int ctx, int hd, int t) {
+__device__ __forceinline__ float kv_elem(float v, float*) { return v; }
+__device__ __forceinline__ __half kv_elem(float v, __half*) { return __float2half_rn(v); }
+
+template <typename C>
+__device__ __forceinline__ void kv_write(const float* k, const float* v, C* kc, C* vc, int slot, int h, int nkv, int ctx,
+                                         int hd, int t) {
   const size_t base = (((size_t)slot * nkv + h) * ctx + t) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    kc[base + d] = k[d];
-    vc[base + d] = v[d];
+    kc[base + d] = kv_elem(k[d], kc);
+    vc[base + d] = kv_elem(v[d], vc);
   }
 }
 
@@ -57,9 +62,10 @@ extern "C" __global__ void kv_append(const float* __restrict__ k, int ldk, const
 // buffer qkv[r] = q (nq·hd) | k (nkv·hd) | v (nkv·hd): block h < nq rotates
 // q head h in place; block nq + j rotates k head j in place and appends k
 // and v head j to the caches. Launch: grid (nq + nkv, R), block 64.
-extern "C" __global__ void rope_qk_append(float* qkv, int ld, int nq, int nkv, int hd, int rot,
-                                          const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
-                                          const int* __restrict__ slot, float* kc, float* vc, int ctx) {
+template <typename C>
+__device__ __forceinline__ void rope_qk_append_body(float* qkv, int ld, int nq, int nkv, int hd, int rot,
+                                                    const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
+                                                    const int* __restrict__ slot, C* kc, C* vc, int ctx) {
   pdl_trigger();
   pdl_wait();
   const int r = blockIdx.y, h = blockIdx.x, t = pos[r];
@@ -74,4 +80,18 @@ extern "C" __global__ void rope_qk_append(float* qkv, int ld, int nq, int nkv, i
   __syncthreads();
   if (t < 0 || t >= ctx) return;
   kv_write(kh, row + (size_t)(nq + nkv + j) * hd, kc, vc, slot[r], j, nkv, ctx, hd, t);
+}
+
+extern "C" __global__ void rope_qk_append(float* qkv, int ld, int nq, int nkv, int hd, int rot,
+                                          const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
+                                          const int* __restrict__ slot, float* kc, float* vc, int ctx) {
+  rope_qk_append_body(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx);
+}
+
+// rope_qk_append_h: the same into a float16 cache (k and v rounded to
+// nearest even; q and the rotated k in qkv stay float32).
+extern "C" __global__ void rope_qk_append_h(float* qkv, int ld, int nq, int nkv, int hd, int rot,
+                                            const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
+                                            const int* __restrict__ slot, __half* kc, __half* vc, int ctx) {
+  rope_qk_append_body(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx);
 }
