@@ -58,7 +58,10 @@ type Options struct {
 	// KVF16 keeps the K/V cache in float16 (rounded to nearest even as
 	// it is appended; attention reads it with attn_tiles_h): half the
 	// memory and half the bytes attention reads, as llama.cpp's default
-	// f16 cache. Heads whose size is not a multiple of 8 keep float32.
+	// f16 cache. Only for models whose matrices are mostly quantized
+	// (by bytes, when the first sequence allocates the pool: a memory plan
+	// made before the weights load counts float32), and heads whose size
+	// is a multiple of 8; the rest keep float32.
 	KVF16 bool
 	// PDLRows: steps of at most this many rows launch with PDL (0: 64,
 	// or CORTIQ_CUDA_PDL_ROWS where set: an experiment's override).
@@ -120,6 +123,9 @@ type Device struct {
 	spec   *backend.SeqSpec // fixed by the first NewSeq
 	kc, vc []driver.DevicePtr
 	kvHalf bool // kc, vc hold float16 (Options.KVF16 where the heads fit)
+	// Bytes of the float (f32, f16, bf16) and quantized matrices loaded:
+	// the float16 cache is for models mostly quantized.
+	floatBytes, quantBytes int64
 	// ls is, per Gated DeltaNet layer, the linear-attention state of every
 	// slot: per slot [conv (K−1)×conv_dim | S nv×dk×dv] float32 (the
 	// CPU's SaveState layout), zeroed for each new sequence.
@@ -344,6 +350,11 @@ func (d *Device) LoadMat(name string, dt quant.DType, rows, cols int, data []byt
 		return nil, fmt.Errorf("cuda: tensor %q: %w", name, err)
 	}
 	m := &mat{name: name, dt: dt, rows: rows, cols: cols, p: p}
+	if dt == quant.F32 || dt == quant.F16 || dt == quant.BF16 {
+		d.floatBytes += int64(len(data))
+	} else {
+		d.quantBytes += int64(len(data))
+	}
 	if dt == quant.Q82F {
 		m.colOff = quant.Q82FColOffset(rows, cols)
 	}
@@ -415,9 +426,13 @@ func (s *seq) Bytes() int64 {
 	return s.d.kvBytes(*s.d.spec) + s.d.spec.StateBytes()
 }
 
-// kvHalfFor reports whether spec's K/V cache is float16 on d.
+// kvHalfFor reports whether spec's K/V cache is float16 on d: with
+// Options.KVF16, heads that fit attn_tiles_h, and a model whose matrices
+// are mostly quantized. Float models keep float32: their results are held
+// to 1e-4 of the logits' RMS against a float64 run of transformers, and a
+// float16 cache alone moved the f32 fixtures 3e-4 (H200, stop 20).
 func (d *Device) kvHalfFor(spec backend.SeqSpec) bool {
-	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true)
+	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true) && d.quantBytes > d.floatBytes
 }
 
 // kvBytes is one sequence's K/V cache on d (float16 halves spec.KVBytes).

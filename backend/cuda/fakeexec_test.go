@@ -1343,9 +1343,10 @@ func (f *fakeGPU) gemmParts(fam string, g fakeGemmQ, xv [][]float64) {
 	}
 }
 
-// TestParitySuiteNumericOnFakeKVF16: the parity suite on the fake with
-// Options.KVF16 (the K/V cache in float16: rope_qk_append_h and
-// attn_tiles_h) against the CPU's float32 cache, graphs on: every case
+// TestParitySuiteNumericOnFakeKVF16: the parity suite's quantized cases
+// on the fake with Options.KVF16 (the K/V cache in float16 for a model of
+// quantized matrices: rope_qk_append_h and attn_tiles_h) against the
+// CPU's float32 cache, graphs on: every case
 // within 1e-4 NMSE (the cache's rounding, 2^-11 relative, is all that
 // differs from the float32 path; worst seen 4e-5 on these small random
 // models), and the float16 kernels must have run.
@@ -1357,6 +1358,9 @@ func TestParitySuiteNumericOnFakeKVF16(t *testing.T) {
 	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, KVF16: true})
 	worst := 0.0
 	for _, k := range backendtest.Cases() {
+		if k.DType == quant.F32 || k.DType == quant.F16 || k.DType == quant.BF16 {
+			continue // float models keep the float32 cache (kvHalfFor)
+		}
 		for name, sched := range backendtest.Schedules() {
 			got, err := backendtest.Run(d, k, sched, 11)
 			if notYet(err) {
@@ -1383,5 +1387,27 @@ func TestParitySuiteNumericOnFakeKVF16(t *testing.T) {
 	}
 	if !ran["rope_qk_append_h"] || !ran["attn_tiles_h"] || ran["attn_tiles"] {
 		t.Errorf("float16 cache kernels not used: %v", ran)
+	}
+}
+
+// TestKVF16KeepsFloatModelsF32: with Options.KVF16 a model of float32
+// matrices still gets the float32 cache (rope_qk_append, attn_tiles).
+func TestKVF16KeepsFloatModelsF32(t *testing.T) {
+	f := newFake(t, 4)
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, KVF16: true})
+	for _, k := range backendtest.Cases() {
+		if k.Name != "attention/f32" {
+			continue
+		}
+		if _, err := backendtest.Run(d, k, []backendtest.Step{{{0, 12}}}, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ran := map[string]bool{}
+	for _, c := range f.calls {
+		ran[c.name] = true
+	}
+	if !ran["attn_tiles"] || !ran["rope_qk_append"] || ran["attn_tiles_h"] || ran["rope_qk_append_h"] {
+		t.Fatalf("a float32 model with KVF16 launched %v, want the float32 cache's kernels", ran)
 	}
 }
