@@ -435,9 +435,10 @@ func (d *Device) kvHalfFor(spec backend.SeqSpec) bool {
 	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true) && d.quantBytes > d.floatBytes
 }
 
-// kvBytes is one sequence's K/V cache on d (float16 halves spec.KVBytes).
+// kvBytes is one sequence's K/V cache on d (float16 halves spec.KVBytes):
+// the pool's element once it is allocated, else what allocKV would pick.
 func (d *Device) kvBytes(spec backend.SeqSpec) int64 {
-	if d.kvHalfFor(spec) {
+	if d.spec != nil && d.kvHalf || d.spec == nil && d.kvHalfFor(spec) {
 		return spec.KVBytes(d.opt.Ctx) / 2
 	}
 	return spec.KVBytes(d.opt.Ctx)
