@@ -123,9 +123,11 @@ type Device struct {
 	spec   *backend.SeqSpec // fixed by the first NewSeq
 	kc, vc []driver.DevicePtr
 	kvHalf bool // kc, vc hold float16 (Options.KVF16 where the heads fit)
-	// Bytes of the float (f32, f16, bf16) and quantized matrices loaded:
-	// the float16 cache is for models mostly quantized.
+	// Bytes of the float (f32, f16, bf16) and quantized matrices loaded
+	// since the last NewSeq (a new model's): the float16 cache is for
+	// models mostly quantized. NewSeq decides from them and clears them.
 	floatBytes, quantBytes int64
+	kvWant                 bool // the last model's choice (kvHalfFor)
 	// ls is, per Gated DeltaNet layer, the linear-attention state of every
 	// slot: per slot [conv (K−1)×conv_dim | S nv×dk×dv] float32 (the
 	// CPU's SaveState layout), zeroed for each new sequence.
@@ -428,11 +430,16 @@ func (s *seq) Bytes() int64 {
 
 // kvHalfFor reports whether spec's K/V cache is float16 on d: with
 // Options.KVF16, heads that fit attn_tiles_h, and a model whose matrices
-// are mostly quantized. Float models keep float32: their results are held
-// to 1e-4 of the logits' RMS against a float64 run of transformers, and a
-// float16 cache alone moved the f32 fixtures 3e-4 (H200, stop 20).
+// are mostly quantized (those loaded since the last NewSeq; none loaded:
+// the last model's choice). Float models keep float32: their results are
+// held to 1e-4 of the logits' RMS against a float64 run of transformers,
+// and a float16 cache alone moved the f32 fixtures 3e-4 (H200, stop 20).
 func (d *Device) kvHalfFor(spec backend.SeqSpec) bool {
-	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true) && d.quantBytes > d.floatBytes
+	mostlyQuant := d.kvWant
+	if d.floatBytes+d.quantBytes > 0 {
+		mostlyQuant = d.quantBytes > d.floatBytes
+	}
+	return d.opt.KVF16 && kern.AttnTilesFits(spec.HeadDim, 8, true) && mostlyQuant
 }
 
 // kvBytes is one sequence's K/V cache on d (float16 halves spec.KVBytes):
@@ -484,7 +491,12 @@ func (d *Device) NewSeq(spec backend.SeqSpec, ctx int) (backend.Seq, error) {
 	if err := checkSpec(spec); err != nil {
 		return nil, err
 	}
-	if d.spec != nil && !sameSpec(*d.spec, spec) {
+	// A model loaded since the last NewSeq decides the cache's element.
+	if d.floatBytes+d.quantBytes > 0 {
+		d.kvWant = d.quantBytes > d.floatBytes
+		d.floatBytes, d.quantBytes = 0, 0
+	}
+	if d.spec != nil && (!sameSpec(*d.spec, spec) || d.kvHalf != d.kvHalfFor(spec)) {
 		if len(d.free) != d.opt.Seqs {
 			return nil, fmt.Errorf("cuda: a K/V pool serves one model's sequences (%d of another model's are live)", d.opt.Seqs-len(d.free))
 		}

@@ -192,6 +192,8 @@ type state struct {
 	// may write that input, so it clears ok (st.launch, st.copyD).
 	actq   actqKey
 	inGEMM bool // st.mv is queuing its GEMM launches (they keep actq)
+	// partMemo: partRows by (attn_tiles?, kv heads).
+	partMemo map[[2]int]int
 }
 
 type actqKey struct {
@@ -1010,6 +1012,26 @@ func attnPartRows(sms, nkv, maxRows int, splits func(sms, nkv, rows int) int) in
 	return n
 }
 
+// partRows is attnPartRows for this device's step (MaxRows rows, its
+// SMs), memoised per kernel family and kv heads: a step asks once per
+// attention layer.
+func (st *state) partRows(tiles bool, nkv int) int {
+	k := [2]int{b2i(tiles), nkv}
+	if n, ok := st.partMemo[k]; ok {
+		return n
+	}
+	splits := attnSplits
+	if tiles {
+		splits = kern.AttnTilesSplits
+	}
+	n := attnPartRows(st.d.info.SMs, nkv, st.d.opt.MaxRows, splits)
+	if st.partMemo == nil {
+		st.partMemo = map[[2]int]int{}
+	}
+	st.partMemo[k] = n
+	return n
+}
+
 // Attention adds layer's attention block to x.
 func (st *state) Attention(w *backend.Attention, layer int) {
 	if st.err != nil {
@@ -1112,14 +1134,14 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	}
 	if kern.AttnTilesFits(hd, ld, d.kvHalf) {
 		nsplit := kern.AttnTilesSplits(d.info.SMs, nkv, R)
-		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, kern.AttnTilesSplits))*int64(nq)*int64(hd+2)*4)
+		part := st.buf("part", int64(st.partRows(true, nkv))*int64(nq)*int64(hd+2)*4)
 		cnt := st.bufZeroed("attn_cnt", int64(M)*int64(nkv)*4)
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
 		st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
 	} else {
 		nsplit := attnSplits(d.info.SMs, nkv, R)
-		part := st.buf("part", int64(attnPartRows(d.info.SMs, nkv, M, attnSplits))*int64(nq)*int64(hd+2)*4)
+		part := st.buf("part", int64(st.partRows(false, nkv))*int64(nq)*int64(hd+2)*4)
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
 		st.launch("attn_split", driver.D3(nsplit, nkv, R), driver.D1(128), attnWarps*attnMaxG*(hd+2)*4)

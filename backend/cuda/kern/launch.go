@@ -703,6 +703,9 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	switch g.Pro {
 	case ProPlain:
 	case ProNorm, ProNorm1, ProSilu:
+		if g.Pro == ProSilu && g.ProU == 0 || g.Pro != ProSilu && g.ProW == 0 {
+			return nil, fmt.Errorf("kern: int8 gemm prologue %d without its input (u %#x, norm weight %#x)", g.Pro, uint64(g.ProU), uint64(g.ProW))
+		}
 		qname, qa = "gemmq_actq_pro", g.PackQuantPro(new(driver.Args), GemmQPerm(fam, suffix), g.Pro, g.ProU, g.ProW, g.ProEps)
 	default:
 		return nil, fmt.Errorf("kern: int8 gemm prologue %d", g.Pro)

@@ -202,7 +202,9 @@ struct AtF32 {
 };
 struct AtF16 {
   typedef __half T;
-  __device__ static int stride(int hd) { return hd + 8; }  // 16 bytes of padding: LDS.128 by row conflict-free
+  // 16 bytes of padding: LDS.128 by row conflict-free for hd % 16 == 0
+  // (64, 128, 256); 2- to 8-way conflicts for hd % 16 == 8 (72, 88, ...).
+  __device__ static int stride(int hd) { return hd + 8; }
   __device__ static float4 ld4(const __half* p) {
     const uint2 u = *(const uint2*)p;
     const float2 a = __half22float2(*(const __half2*)&u.x), b = __half22float2(*(const __half2*)&u.y);

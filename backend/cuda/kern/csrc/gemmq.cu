@@ -105,8 +105,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   float v = xr[i];
   if (pro == 1) {
     v = rms_apply(v, inv, nw[i], one_plus);
-  } else {
+  } else if (pro == 3) {
     v = v / (1.0f + expf(-v)) * U[(size_t)t * ldx + i];
+  } else {
+    __trap();  // no such prologue (the launcher passes 1 or 3)
   }
   gq_quant32(v, lane, perm, XQ + (size_t)t * cols + b * 32, D + (size_t)t * nb + b);
 }
