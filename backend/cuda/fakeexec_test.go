@@ -523,6 +523,16 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
 		per := f.seqs * nkv * ctx * hd
 		kc, vc := f.kv(c.ptr(2), per, name == "attn_tiles_h"), f.kv(c.ptr(3), per, name == "attn_tiles_h")
+		if nsplit := c.int(14); nsplit > 1 {
+			// The last-block merge needs its counters at zero on entry
+			// (bufZeroed's clear; the kernel leaves them zero).
+			cnt, _ := f.ints(c.ptr(7), R*nkv)
+			for i, v := range cnt {
+				if v != 0 {
+					f.t.Fatalf("fake: attn_tiles counter %d is %d at launch, want 0", i, v)
+				}
+			}
+		}
 		pos, _ := f.ints(c.ptr(4), R)
 		slot, _ := f.ints(c.ptr(5), R)
 		out := f.view(c.ptr(8), int(rowsSpan(R, ldo, nq*hd)/4))
