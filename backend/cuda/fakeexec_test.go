@@ -844,6 +844,50 @@ func (c *fakeCall) f32(i int) float32 {
 	return math.Float32frombits(binary.LittleEndian.Uint32(c.args[c.offs[i]:]))
 }
 
+// fakeParity runs every parity-suite case tol accepts (a negative
+// tolerance skips the case) under every schedule on the fake device d and
+// on the CPU backend c, fails a run whose logits' NMSE exceeds tol, and
+// returns the worst NMSE per format and per Gated DeltaNet case. seen, if
+// set, gets each run's launches (f.calls from the run's start).
+func fakeParity(t *testing.T, label string, f *fakeGPU, d *Device, c *cpu.Device, tol func(backendtest.Case) float64,
+	seen func(k backendtest.Case, sched string, launched []fakeCall)) (worst map[quant.DType]float64, worstDN map[string]float64) {
+	t.Helper()
+	worst, worstDN = map[quant.DType]float64{}, map[string]float64{}
+	for _, k := range backendtest.Cases() {
+		tl := tol(k)
+		if tl < 0 {
+			continue
+		}
+		for name, sched := range backendtest.Schedules() {
+			n0 := len(f.calls)
+			got, err := backendtest.Run(d, k, sched, 11)
+			if notYet(err) {
+				t.Logf("%s: NOT RUN (%v)", k.Name, err)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("%s: %s / %s: %v", label, k.Name, name, err)
+			}
+			if seen != nil {
+				seen(k, name, f.calls[n0:])
+			}
+			want, err := backendtest.Run(c, k, sched, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := backendtest.NMSE(got, want)
+			worst[k.DType] = max(worst[k.DType], n)
+			if k.Op == "deltanet" {
+				worstDN[k.Name] = max(worstDN[k.Name], n)
+			}
+			if n > tl || math.IsNaN(n) {
+				t.Errorf("%s: %s / %s: NMSE %.3g against the CPU (tolerance %.0g)", label, k.Name, name, n, tl)
+			}
+		}
+	}
+	return worst, worstDN
+}
+
 // TestParitySuiteNumericOnFake runs the GPU parity suite (every case and
 // schedule) on the fake with the kernels' models and Options.NoMMQ (the
 // bf16 GEMM's path) and compares its logits with the CPU backend's at
@@ -852,53 +896,26 @@ func (c *fakeCall) f32(i int) float32 {
 func TestParitySuiteNumericOnFake(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
-	worst := map[quant.DType]float64{}
-	worstDN := map[string]float64{} // the Gated DeltaNet cases, per case
-	defer func() {
-		t.Logf("worst NMSE against the CPU per format: %v", worst)
-		t.Logf("worst NMSE of the Gated DeltaNet cases: %v", worstDN)
-	}()
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
 		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMMQ: true})
-		for _, k := range backendtest.Cases() {
-			tol := 1e-9
+		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
 			switch k.DType {
 			case quant.Q8Row, quant.Q82F, quant.Q4TP:
-				tol = 2e-4 // the CPU runs quantized formats on int8 activations (worst here ≈1.1e-4)
 				if k.Op == "deltanet" {
 					// Six projections' prefill GEMMs on bf16 activations
 					// against the CPU's int8 ones: up to 2.4e-4 (q8_2f,
 					// grouped, prefill9), TestGPUParity's 3e-4. With MMQ
 					// (activations quantized as the CPU does) the same
 					// cases are within 1e-5 (TestParitySuiteNumericOnFakeMMQ).
-					tol = 3e-4
+					return 3e-4
 				}
+				return 2e-4 // the CPU runs quantized formats on int8 activations (worst here ≈1.1e-4)
 			}
-			for name, sched := range backendtest.Schedules() {
-				got, err := backendtest.Run(d, k, sched, 11)
-				if notYet(err) {
-					t.Logf("%s: NOT RUN (%v)", k.Name, err)
-					continue
-				}
-				if err != nil {
-					t.Fatalf("%s / %s: %v", k.Name, name, err)
-				}
-				want, err := backendtest.Run(c, k, sched, 11)
-				if err != nil {
-					t.Fatal(err)
-				}
-				n := backendtest.NMSE(got, want)
-				worst[k.DType] = max(worst[k.DType], n)
-				if k.Op == "deltanet" {
-					worstDN[k.Name] = max(worstDN[k.Name], n)
-				}
-				if n > tol || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: NMSE %.3g against the CPU (tolerance %.0g)", graphs, k.Name, name, n, tol)
-				}
-			}
-		}
+			return 1e-9
+		}, nil)
+		t.Logf("graphs %v: worst NMSE against the CPU per format: %v; of the Gated DeltaNet cases: %v", graphs, worst, worstDN)
 		if graphs && f.replays == 0 {
 			t.Fatal("no step was replayed")
 		}
@@ -924,63 +941,36 @@ func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 func numericOnFakeMMQ(t *testing.T, exact bool) {
 	c := cpu.New(1)
 	defer c.Close()
-	worst := map[quant.DType]float64{}
-	worstDN := map[string]float64{} // the Gated DeltaNet cases, per case
-	defer func() {
-		t.Logf("worst NMSE against the CPU per format: %v", worst)
-		t.Logf("worst NMSE of the Gated DeltaNet cases: %v", worstDN)
-	}()
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
 		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, BF16Wide: !exact})
 		ran, ranB := 0, 0
-		for _, k := range backendtest.Cases() {
-			if k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP {
-				continue
+		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
+			switch {
+			case k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP:
+				return -1
+			case !exact && k.DType == quant.Q4TP:
+				return 3e-4
 			}
-			tol := 1e-5
-			if !exact && k.DType == quant.Q4TP {
-				tol = 3e-4
-			}
-			for name, sched := range backendtest.Schedules() {
-				n0 := len(f.calls)
-				got, err := backendtest.Run(d, k, sched, 11)
-				if notYet(err) {
-					t.Logf("%s: NOT RUN (%v)", k.Name, err)
-					continue
+			return 1e-5
+		}, func(k backendtest.Case, name string, launched []fakeCall) {
+			for _, call := range launched {
+				if strings.HasPrefix(call.name, "gemmq_") && !strings.HasPrefix(call.name, "gemmq_actq") {
+					ran++
 				}
-				if err != nil {
-					t.Fatalf("%s / %s: %v", k.Name, name, err)
-				}
-				for _, call := range f.calls[n0:] {
-					if strings.HasPrefix(call.name, "gemmq_") && call.name != "gemmq_actq" {
-						ran++
-					}
-					if strings.HasPrefix(call.name, "gemmb_q4tp_w") {
-						ranB++
-						if exact {
-							t.Errorf("%s / %s: %s ran without BF16Wide", k.Name, name, call.name)
-						}
-					}
-					if strings.HasPrefix(call.name, "gemm_") {
-						t.Errorf("%s / %s: %s ran with MMQ on", k.Name, name, call.name)
+				if strings.HasPrefix(call.name, "gemmb_q4tp_w") {
+					ranB++
+					if exact {
+						t.Errorf("%s / %s: %s ran without BF16Wide", k.Name, name, call.name)
 					}
 				}
-				want, err := backendtest.Run(c, k, sched, 11)
-				if err != nil {
-					t.Fatal(err)
-				}
-				n := backendtest.NMSE(got, want)
-				worst[k.DType] = max(worst[k.DType], n)
-				if k.Op == "deltanet" {
-					worstDN[k.Name] = max(worstDN[k.Name], n)
-				}
-				if n > tol || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: NMSE %.3g against the CPU (tolerance %g)", graphs, k.Name, name, n, tol)
+				if strings.HasPrefix(call.name, "gemm_") {
+					t.Errorf("%s / %s: %s ran with MMQ on", k.Name, name, call.name)
 				}
 			}
-		}
+		})
+		t.Logf("graphs %v: worst NMSE against the CPU per format: %v; of the Gated DeltaNet cases: %v", graphs, worst, worstDN)
 		if ran == 0 {
 			t.Fatal("no int8 GEMM ran")
 		}
@@ -1367,38 +1357,19 @@ func TestParitySuiteNumericOnFakeKVF16(t *testing.T) {
 	f := newFake(t, 4)
 	f.numeric, f.decoded = true, map[string][]float32{}
 	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, KVF16: true})
-	worst := 0.0
-	for _, k := range backendtest.Cases() {
+	worst, _ := fakeParity(t, "KVF16", f, d, c, func(k backendtest.Case) float64 {
 		// Float models keep the float32 cache (kvHalfFor), so the same
 		// device switches its pool between the cases: theirs at the main
 		// suite's tolerances.
-		tol := 1e-4
 		switch k.DType {
 		case quant.F32:
-			tol = 1e-9
+			return 1e-9
 		case quant.F16, quant.BF16:
-			tol = 1e-8
+			return 1e-8
 		}
-		for name, sched := range backendtest.Schedules() {
-			got, err := backendtest.Run(d, k, sched, 11)
-			if notYet(err) {
-				continue
-			}
-			if err != nil {
-				t.Fatalf("%s / %s: %v", k.Name, name, err)
-			}
-			want, err := backendtest.Run(c, k, sched, 11)
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := backendtest.NMSE(got, want)
-			worst = max(worst, n)
-			if n > tol || math.IsNaN(n) {
-				t.Errorf("%s / %s: NMSE %.3g against the CPU (tolerance %.0g)", k.Name, name, n, tol)
-			}
-		}
-	}
-	t.Logf("worst NMSE against the CPU's float32 cache: %.3g", worst)
+		return 1e-4
+	}, nil)
+	t.Logf("worst NMSE against the CPU's float32 cache per format: %v", worst)
 	ran := map[string]bool{}
 	for _, c := range f.calls {
 		ran[c.name] = true

@@ -303,37 +303,57 @@ func attend(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, out
 // TestGPUAttentionParity: GQA group sizes 1, 4, 7 and 16 (two passes of
 // 8), head sizes 64, 80, 128, lengths on both sides of split boundaries,
 // and length 0 (pos = -1) in every case, which must give zeros.
+// attnCase is one attention test: rows of the given lengths (pos =
+// length−1, slots round-robin), random caches and queries (q rows padded
+// by 4 floats), the reference scale.
+type attnCase struct {
+	nq, nkv, hd, ctx, nsplit int
+	lens                     []int
+	pos, slot                []int32
+	q, kc, vc                []float32
+	ldq                      int
+	scale                    float32
+}
+
+func newAttnCase(r *rng, nq, nkv, hd, ctx, nsplit, slots int, lens []int) *attnCase {
+	c := &attnCase{nq: nq, nkv: nkv, hd: hd, ctx: ctx, nsplit: nsplit, lens: lens, ldq: nq*hd + 4}
+	for i, l := range lens {
+		c.pos, c.slot = append(c.pos, int32(l-1)), append(c.slot, int32(i%slots))
+	}
+	n := slots * nkv * ctx * hd
+	c.kc, c.vc = r.vec(n, 1), r.vec(n, 1)
+	c.q = r.vec(len(lens)*c.ldq, 1)
+	c.scale = float32(1 / math.Sqrt(float64(hd)))
+	return c
+}
+
+// check compares out (rows of nq·hd) with the float64 reference.
+func (c *attnCase) check(t *testing.T, kernel string, got []float32) {
+	t.Helper()
+	w := c.nq * c.hd
+	for ri := range c.lens {
+		want := refAttention(c.q[ri*c.ldq:], c.kc, c.vc, int(c.pos[ri]), int(c.slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(c.scale))
+		for i, wv := range want {
+			if !closeRel(got[ri*w+i], wv, 1e-5, 1e-5) {
+				t.Fatalf("%s nq %d nkv %d hd %d ctx %d splits %d, len %d: out[%d] = %g, want %g",
+					kernel, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.lens[ri], i, got[ri*w+i], wv)
+			}
+		}
+	}
+}
+
 func TestGPUAttentionParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(8)
-	for _, c := range []struct{ nq, nkv, hd, ctx, nsplit int }{
+	for _, s := range []struct{ nq, nkv, hd, ctx, nsplit int }{
 		{4, 4, 64, 70, 1}, {8, 2, 128, 300, 4}, {28, 4, 80, 129, 16}, {32, 2, 64, 1000, 7},
 	} {
-		const slots = 2
-		lens := []int{0, 1, 2, c.nsplit - 1, c.nsplit, c.nsplit + 1, 2*c.nsplit + 1, c.ctx - 1, c.ctx, c.ctx + 5}
-		R := len(lens)
-		pos := make([]int32, R)
-		slot := make([]int32, R)
-		for i, l := range lens {
-			pos[i], slot[i] = int32(l-1), int32(i%slots)
-		}
-		cacheN := slots * c.nkv * c.ctx * c.hd
-		kc, vc := r.vec(cacheN, 1), r.vec(cacheN, 1)
-		ldq := c.nq*c.hd + 4
-		q := r.vec(R*ldq, 1)
-		scale := float32(1 / math.Sqrt(float64(c.hd)))
-		part := g.zeros(R * c.nq * c.nsplit * (c.hd + 2))
-		out := g.zeros(R * c.nq * c.hd)
-		attend(g, g.f32(q), ldq, g.f32(kc), g.f32(vc), g.i32(pos), g.i32(slot), part, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, scale)
-		got := g.readF32(out, R*c.nq*c.hd)
-		for ri := range R {
-			want := refAttention(q[ri*ldq:], kc, vc, int(pos[ri]), int(slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(scale))
-			for i, wv := range want {
-				if !closeRel(got[ri*c.nq*c.hd+i], wv, 1e-5, 1e-5) {
-					t.Fatalf("attention %+v len %d: out[%d] = %g, want %g", c, lens[ri], i, got[ri*c.nq*c.hd+i], wv)
-				}
-			}
-		}
+		n := s.nsplit
+		c := newAttnCase(&r, s.nq, s.nkv, s.hd, s.ctx, n, 2, []int{0, 1, 2, n - 1, n, n + 1, 2*n + 1, s.ctx - 1, s.ctx, s.ctx + 5})
+		R := len(c.lens)
+		part, out := g.zeros(R*c.nq*n*(c.hd+2)), g.zeros(R*c.nq*c.hd)
+		attend(g, g.f32(c.q), c.ldq, g.f32(c.kc), g.f32(c.vc), g.i32(c.pos), g.i32(c.slot), part, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, n, c.scale)
+		c.check(t, "attn_split", g.readF32(out, R*c.nq*c.hd))
 	}
 }
 
@@ -358,47 +378,27 @@ func attendTilesKV(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, pa
 func TestGPUAttentionTilesParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(18)
-	for _, c := range []struct{ nq, nkv, hd, ctx, nsplit int }{
+	for _, s := range []struct{ nq, nkv, hd, ctx, nsplit int }{
 		{4, 4, 64, 70, 1}, {8, 2, 128, 300, 4}, {28, 4, 80, 129, 16}, {32, 2, 64, 1000, 7},
 		{32, 8, 128, 520, 1}, {32, 8, 128, 520, 2}, {16, 2, 256, 200, 3}, {16, 8, 128, 4100, 64}, {4, 2, 128, 97, 5},
 	} {
-		const slots = 3
-		lens := []int{0, 1, 2, 31, 32, 33, 63, 64, 65, c.nsplit*32 + 1, c.ctx - 1, c.ctx, c.ctx + 5}
-		R := len(lens)
-		pos := make([]int32, R)
-		slot := make([]int32, R)
-		for i, l := range lens {
-			pos[i], slot[i] = int32(l-1), int32(i%slots)
-		}
-		cacheN := slots * c.nkv * c.ctx * c.hd
-		kc, vc := r.vec(cacheN, 1), r.vec(cacheN, 1)
-		ldq := c.nq*c.hd + 4
-		q := r.vec(R*ldq, 1)
-		scale := float32(1 / math.Sqrt(float64(c.hd)))
-		part := g.zeros(R * c.nq * c.nsplit * (c.hd + 2))
-		cnt := g.zeros(R * c.nkv)
-		out := g.zeros(R * c.nq * c.hd)
-		dq, dk, dv, dp, ds := g.f32(q), g.f32(kc), g.f32(vc), g.i32(pos), g.i32(slot)
-		attendTiles(g, dq, ldq, dk, dv, dp, ds, part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, scale)
+		c := newAttnCase(&r, s.nq, s.nkv, s.hd, s.ctx, s.nsplit, 3, []int{0, 1, 2, 31, 32, 33, 63, 64, 65, s.nsplit*32 + 1, s.ctx - 1, s.ctx, s.ctx + 5})
+		R := len(c.lens)
+		part, cnt, out := g.zeros(R*c.nq*c.nsplit*(c.hd+2)), g.zeros(R*c.nkv), g.zeros(R*c.nq*c.hd)
+		dq, dk, dv, dp, ds := g.f32(c.q), g.f32(c.kc), g.f32(c.vc), g.i32(c.pos), g.i32(c.slot)
+		attendTiles(g, dq, c.ldq, dk, dv, dp, ds, part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale)
 		got := g.readF32(out, R*c.nq*c.hd)
-		for ri := range R {
-			want := refAttention(q[ri*ldq:], kc, vc, int(pos[ri]), int(slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(scale))
-			for i, wv := range want {
-				if !closeRel(got[ri*c.nq*c.hd+i], wv, 1e-5, 1e-5) {
-					t.Fatalf("attn_tiles %+v len %d: out[%d] = %g, want %g", c, lens[ri], i, got[ri*c.nq*c.hd+i], wv)
-				}
-			}
-		}
+		c.check(t, "attn_tiles", got)
 		for i, v := range g.readI32(cnt, R*c.nkv) {
 			if v != 0 {
-				t.Fatalf("attn_tiles %+v: counter %d left at %d", c, i, v)
+				t.Fatalf("attn_tiles %+v: counter %d left at %d", s, i, v)
 			}
 		}
-		attendTiles(g, dq, ldq, dk, dv, dp, ds, part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, scale)
+		attendTiles(g, dq, c.ldq, dk, dv, dp, ds, part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale)
 		again := g.readF32(out, R*c.nq*c.hd)
 		for i := range got {
 			if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
-				t.Fatalf("attn_tiles %+v: a second launch gives out[%d] = %g, the first %g", c, i, again[i], got[i])
+				t.Fatalf("attn_tiles %+v: a second launch gives out[%d] = %g, the first %g", s, i, again[i], got[i])
 			}
 		}
 	}
@@ -411,38 +411,21 @@ func TestGPUAttentionTilesParity(t *testing.T) {
 func TestGPUAttentionTilesF16(t *testing.T) {
 	g := newGPU(t)
 	r := rng(19)
-	for _, c := range []struct{ nq, nkv, hd, ctx, nsplit int }{
+	for _, s := range []struct{ nq, nkv, hd, ctx, nsplit int }{
 		{32, 8, 128, 520, 1}, {32, 8, 128, 520, 2}, {28, 4, 80, 129, 16}, {16, 2, 256, 200, 3}, {8, 8, 64, 300, 64},
 	} {
-		const slots = 3
-		lens := []int{0, 1, 31, 32, 33, 65, c.ctx - 1, c.ctx}
-		R := len(lens)
-		pos, slot := make([]int32, R), make([]int32, R)
-		for i, l := range lens {
-			pos[i], slot[i] = int32(l-1), int32(i%slots)
+		c := newAttnCase(&r, s.nq, s.nkv, s.hd, s.ctx, s.nsplit, 3, []int{0, 1, 31, 32, 33, 65, s.ctx - 1, s.ctx})
+		kh, vh := make([]byte, 2*len(c.kc)), make([]byte, 2*len(c.vc))
+		for i := range c.kc {
+			binary.LittleEndian.PutUint16(kh[2*i:], half.F32ToF16(c.kc[i]))
+			binary.LittleEndian.PutUint16(vh[2*i:], half.F32ToF16(c.vc[i]))
+			c.kc[i], c.vc[i] = half.RoundF16(c.kc[i]), half.RoundF16(c.vc[i]) // the reference sees the stored values
 		}
-		cacheN := slots * c.nkv * c.ctx * c.hd
-		kc, vc := r.vec(cacheN, 1), r.vec(cacheN, 1)
-		kh, vh := make([]byte, 2*cacheN), make([]byte, 2*cacheN)
-		for i := range kc {
-			binary.LittleEndian.PutUint16(kh[2*i:], half.F32ToF16(kc[i]))
-			binary.LittleEndian.PutUint16(vh[2*i:], half.F32ToF16(vc[i]))
-			kc[i], vc[i] = half.RoundF16(kc[i]), half.RoundF16(vc[i])
-		}
-		ldq := c.nq * c.hd
-		q := r.vec(R*ldq, 1)
-		scale := float32(1 / math.Sqrt(float64(c.hd)))
+		R := len(c.lens)
 		part, cnt, out := g.zeros(R*c.nq*c.nsplit*(c.hd+2)), g.zeros(R*c.nkv), g.zeros(R*c.nq*c.hd)
-		attendTilesKV(g, g.f32(q), ldq, g.upload(kh), g.upload(vh), g.i32(pos), g.i32(slot), part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, scale, true)
-		got := g.readF32(out, R*c.nq*c.hd)
-		for ri := range R {
-			want := refAttention(q[ri*ldq:], kc, vc, int(pos[ri]), int(slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(scale))
-			for i, wv := range want {
-				if !closeRel(got[ri*c.nq*c.hd+i], wv, 1e-5, 1e-5) {
-					t.Fatalf("attn_tiles_h %+v len %d: out[%d] = %g, want %g", c, lens[ri], i, got[ri*c.nq*c.hd+i], wv)
-				}
-			}
-		}
+		attendTilesKV(g, g.f32(c.q), c.ldq, g.upload(kh), g.upload(vh), g.i32(c.pos), g.i32(c.slot), part, cnt, out, c.nq*c.hd, R,
+			c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, true)
+		c.check(t, "attn_tiles_h", g.readF32(out, R*c.nq*c.hd))
 	}
 }
 
