@@ -86,14 +86,12 @@ type Options struct {
 	// float32 rounding). Tensors whose width is not whole blocks of 32
 	// always take the bf16 GEMM.
 	NoMMQ bool
-	// BF16Wide runs q4tp's batched-decode steps (9 to 64 rows) on the bf16
-	// wide tiles (kern.GemmQ.BF16: activations rounded to bf16, exact
-	// weights, f32 sums: closer to exact arithmetic than the int8 quants,
-	// but not the CPU's rule) instead of the default int8 wide tiles,
-	// whose results equal the CPU's to float32 rounding. Measured on the
-	// H200 (stop 19) 5-10% slower than the int8 tiles at 16 and 64 rows,
-	// so off by default; kept tested for the pipeline work both share.
-	BF16Wide bool
+	// F16Wide runs q4tp's batched-decode steps (9 to 64 rows) on the half
+	// wide tiles (kern.GemmQ.F16: activations and weights — each group's
+	// rung folded in — rounded to f16, f32 sums: closer to exact arithmetic
+	// than the int8 quants, but not the CPU's rule) instead of the int8
+	// wide tiles, whose results equal the CPU's to float32 rounding.
+	F16Wide bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer

@@ -93,14 +93,14 @@ func TestGPUParityKVF16(t *testing.T) {
 	parityAgainstCPUTol(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: true, KVF16: true}, 1e-10, 1e-9, 1e-4, 1e-4)
 }
 
-// TestGPUParityBF16Wide: the parity suite with Options.BF16Wide, where
+// TestGPUParityF16Wide: the parity suite with Options.F16Wide, where
 // q4tp's steps of 9 to 64 rows take the bf16 wide tiles (bf16
-// activations, exact weights: kern.GemmQ.BF16) and the rest the int8
+// activations, exact weights: kern.GemmQ.F16) and the rest the int8
 // GEMM: q4tp held to TestGPUParityBF16GEMM's 3e-4 (the CPU rounds
 // activations to int8 per block of 32, this path to bf16), the other
 // quantized formats to 1e-5.
-func TestGPUParityBF16Wide(t *testing.T) {
-	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, BF16Wide: true}, 1e-5, 3e-4)
+func TestGPUParityF16Wide(t *testing.T) {
+	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, F16Wide: true}, 1e-5, 3e-4)
 }
 
 // TestGPUParityBF16GEMM: the parity suite with Options.NoMMQ (steps of

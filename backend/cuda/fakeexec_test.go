@@ -118,6 +118,15 @@ func (f *fakeGPU) weights(fam string, p driver.DevicePtr, rows, cols int) []floa
 		f.decoded[key] = w
 		return w
 	}
+	if fam == "q4tph" { // the half wide tiles' weights
+		n, _ := quant.ExpectedBytes(quant.Q4TP, []int{rows, cols})
+		w, err := kern.GemmHWeights(f.bytesAt(p, n), rows, cols)
+		if err != nil {
+			f.t.Fatalf("fake: %v", err)
+		}
+		f.decoded[key] = w
+		return w
+	}
 	dt := famDType[fam]
 	n, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 	w, err := quant.Decode(dt, f.bytesAt(p, n), []int{rows, cols})
@@ -132,6 +141,28 @@ func (f *fakeGPU) weights(fam string, p driver.DevicePtr, rows, cols int) []floa
 // output in quant order perm (kern.QuantPos; q4tp's 0,2,4,6,1,3,5,7 for
 // perm 1, the wide tiles' orders for 2 and 3).
 func qpos(i, perm int) int { return kern.QuantPos(i, perm) }
+
+// actPrologue applies the quantizer prologue of call c (its pro at
+// parameter i, then U, the norm weight, eps and one_plus) to row t of its
+// input (ldx apart, T rows), in place: rmsnorm's or silu_mul's values.
+func (f *fakeGPU) actPrologue(c *fakeCall, i, t, ldx int, row []float32, T int) {
+	cols := len(row)
+	switch pro := c.int(i); pro {
+	case kern.ProNorm:
+		xs := make([]float64, cols)
+		for k, v := range row {
+			xs[k] = float64(v)
+		}
+		rmsApply(xs, f.view(c.ptr(i+2), cols), c.f32(i+3), c.int(i+4) != 0, func(k int, v float32) { row[k] = v })
+	case kern.ProSilu:
+		u := f.view(c.ptr(i+1), int(rowsSpan(T, ldx, cols)/4))
+		for k, v := range row {
+			row[k] = float32(float64(v) / (1 + math.Exp(-float64(v))) * float64(u.at(t*ldx+k)))
+		}
+	default:
+		f.t.Fatalf("fake: %s prologue %d", c.name, pro)
+	}
+}
 
 func rmsApply(x []float64, w f32s, eps float32, onePlus bool, out func(i int, v float32)) {
 	var ss float64
@@ -264,21 +295,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				row[i] = x.at(t*ldx + i)
 			}
 			if name == "gemmq_actq_pro" {
-				switch pro := c.int(6); pro {
-				case kern.ProNorm:
-					xs := make([]float64, cols)
-					for i, v := range row {
-						xs[i] = float64(v)
-					}
-					rmsApply(xs, f.view(c.ptr(8), cols), c.f32(9), c.int(10) != 0, func(i int, v float32) { row[i] = v })
-				case kern.ProSilu:
-					u := f.view(c.ptr(7), int(rowsSpan(T, ldx, cols)/4))
-					for i, v := range row {
-						row[i] = float32(float64(v) / (1 + math.Exp(-float64(v))) * float64(u.at(t*ldx+i)))
-					}
-				default:
-					f.t.Fatalf("fake: gemmq_actq_pro prologue %d", pro)
-				}
+				f.actPrologue(c, 6, t, ldx, row, T)
 			}
 			for b := range nb {
 				var amax float32
@@ -299,33 +316,38 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				d.set(t*nb+b, s)
 			}
 		}
-	case name == "gemmb_actb":
-		// bf16(x) (round to nearest even), element 8q+m of each block of
-		// 32 at 2q + m/4 + 8·(m%4).
+	case name == "gemmh_acth":
+		// kern.GemmHActivation of x or of its prologue (gemmq_actq_pro's),
+		// element 8q+m of each block of 32 at 2q + m/4 + 8·(m%4).
 		ldx, cols, T := c.int(1), c.int(2), int(g.Y)
 		x := f.view(c.ptr(0), int(rowsSpan(T, ldx, cols)/4))
-		xb := f.bytesAt(c.ptr(3), 2*int64(T*cols))
+		xh := f.bytesAt(c.ptr(3), 2*int64(T*cols))
 		for t := range T {
-			for k := range cols {
-				b := math.Float32bits(bf16(x.at(t*ldx + k)))
+			row := make([]float32, cols)
+			for i := range row {
+				row[i] = x.at(t*ldx + i)
+			}
+			if c.int(4) != kern.ProPlain {
+				f.actPrologue(c, 4, t, ldx, row, T)
+			}
+			for k, v := range row {
 				m, q := k&7, (k&31)>>3
-				binary.LittleEndian.PutUint16(xb[2*(t*cols+k&^31+2*q+m>>2+8*(m&3)):], uint16(b>>16))
+				binary.LittleEndian.PutUint16(xh[2*(t*cols+k&^31+2*q+m>>2+8*(m&3)):], half.F32ToF16(kern.GemmHActivation(v)))
 			}
 		}
-	case strings.HasPrefix(name, "gemmb_q4tp_w"):
-		// Σ_k w[o,k]·bf16(x)[t,k] (+ bias) =|+= Y over up to three tensors.
-		g := fakeGemmBArgs(c)
-		xb := f.bytesAt(g.xq, 2*int64(g.T*g.cols))
+	case strings.HasPrefix(name, "gemmh_q4tp_w"):
+		// Σ_k kern.GemmHWeights(w)[o,k]·h(x)[t,k] (+ bias) =|+= Y over up to three tensors.
+		g := fakeGemmHArgs(c)
+		xh := f.bytesAt(g.xq, 2*int64(g.T*g.cols))
 		xv := make([][]float64, g.T)
 		for t := range g.T {
 			xv[t] = make([]float64, g.cols)
 			for k := range g.cols {
 				m, q := k&7, (k&31)>>3
-				h := binary.LittleEndian.Uint16(xb[2*(t*g.cols+k&^31+2*q+m>>2+8*(m&3)):])
-				xv[t][k] = float64(math.Float32frombits(uint32(h) << 16))
+				xv[t][k] = float64(half.F16ToF32(binary.LittleEndian.Uint16(xh[2*(t*g.cols+k&^31+2*q+m>>2+8*(m&3)):])))
 			}
 		}
-		f.gemmParts("q4tp", g, xv)
+		f.gemmParts("q4tph", g, xv)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
 		// scale after the sum), + bias, =|+= Y; the wide tiles over up to
@@ -928,9 +950,9 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 // tolerance is 1e-5, 20× tighter than the bf16 GEMM's suite: the models
 // quantize the activations exactly as the CPU's int8 kernels do, so only
 // float rounding is left (worst seen ≈3e-7, q4tp) — a wrong quant order,
-// scale or stride shows as ≥1e-3. Then Options.BF16Wide, where q4tp's
-// steps of 9 to 64 rows take the bf16 wide tiles (gemmb_actb +
-// gemmb_q4tp_w*, which must have run): q4tp within 3e-4 of the CPU (its
+// scale or stride shows as ≥1e-3. Then Options.F16Wide, where q4tp's
+// steps of 9 to 64 rows take the bf16 wide tiles (gemmh_acth +
+// gemmh_q4tp_w*, which must have run): q4tp within 3e-4 of the CPU (its
 // activations rounded to bf16, not to int8: ~1e-4 seen), the rest 1e-5.
 func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, exact := range []bool{true, false} {
@@ -944,7 +966,7 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, BF16Wide: !exact})
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, F16Wide: !exact})
 		ran, ranB := 0, 0
 		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
 			switch {
@@ -959,10 +981,10 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 				if strings.HasPrefix(call.name, "gemmq_") && !strings.HasPrefix(call.name, "gemmq_actq") {
 					ran++
 				}
-				if strings.HasPrefix(call.name, "gemmb_q4tp_w") {
+				if strings.HasPrefix(call.name, "gemmh_q4tp_w") {
 					ranB++
 					if exact {
-						t.Errorf("%s / %s: %s ran without BF16Wide", k.Name, name, call.name)
+						t.Errorf("%s / %s: %s ran without F16Wide", k.Name, name, call.name)
 					}
 				}
 				if strings.HasPrefix(call.name, "gemm_") {
@@ -1289,9 +1311,9 @@ func fakeGemmQArgs(c *fakeCall, wide bool) fakeGemmQ {
 	return g
 }
 
-// fakeGemmBArgs is a gemmb_q4tp_w* launch's parameters (W0..2, rows0..2,
+// fakeGemmHArgs is a gemmh_q4tp_w* launch's parameters (W0..2, rows0..2,
 // cols, XB, Y, ldy, T, b0..2, accumulate); xq holds XB.
-func fakeGemmBArgs(c *fakeCall) fakeGemmQ {
+func fakeGemmHArgs(c *fakeCall) fakeGemmQ {
 	var g fakeGemmQ
 	for j := range 3 {
 		g.parts[j].w, g.parts[j].rows, g.parts[j].bias = c.ptr(j), c.int(3+j), c.ptr(11+j)

@@ -810,11 +810,10 @@ type actPro struct {
 }
 
 // proFusable reports whether a step's GEMM over ms can take its input's
-// RMSNorm or SwiGLU in gemmq_actq_pro: the stacked int8 wide tiles'
-// steps (stackable), not the bf16 wide tiles.
-func (st *state) proFusable(rows int, ms ...backend.Mat) bool {
-	return st.stackable(rows, ms...) && !(ms[0].(*mat).dt == quant.Q4TP && st.d.opt.BF16Wide)
-}
+// RMSNorm or SwiGLU in its activation quantizer (gemmq_actq_pro, or
+// gemmh_acth for the half wide tiles): the stacked wide tiles' steps
+// (stackable).
+func (st *state) proFusable(rows int, ms ...backend.Mat) bool { return st.stackable(rows, ms...) }
 
 // normPro is the gemmq_actq_pro prologue of norm n over H values.
 func (st *state) normPro(n *backend.Norm, H int) actPro {
@@ -836,7 +835,7 @@ func (st *state) normPro(n *backend.Norm, H int) actPro {
 func (st *state) gemmq(g kern.GemmQ, dt quant.DType, rows int) { st.gemmqPro(g, dt, rows, actPro{}) }
 
 // gemmqPro is gemmq with the input's prologue pro done by the quantizer
-// (gemmq_actq_pro); only on the int8 tiles.
+// (gemmq_actq_pro, gemmh_acth).
 func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	f, err := kernelFormat(dt)
 	if err != nil {
@@ -845,25 +844,21 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	}
 	suffix := kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows)
 	// The quantizer and the GEMM: the int8 tiles, or for q4tp with
-	// Options.BF16Wide the bf16 wide tiles (their activations in bf16; perm
+	// Options.F16Wide the half wide tiles (their activations in f16; perm
 	// -1 keeps the two apart in the sharing key).
-	g.BF16 = dt == quant.Q4TP && rows <= 64 && st.d.opt.BF16Wide
+	g.F16 = dt == quant.Q4TP && rows <= 64 && st.d.opt.F16Wide
 	var key actqKey
 	var name string
 	var gcfg driver.Config
-	if g.BF16 {
-		g.Quants = st.buf("xb16", kern.GemmBScratch(g.Cols, st.d.opt.MaxRows))
-		key = actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, ok: true}
-		name, gcfg, err = kern.GemmBLaunch(suffix, g.StackedRows(), rows)
+	if g.F16 {
+		g.Quants = st.buf("xh16", kern.GemmHScratch(g.Cols, st.d.opt.MaxRows))
+		key = actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, pro: pro, ok: true}
+		name, gcfg, err = kern.GemmHLaunch(suffix, g.StackedRows(), rows)
 	} else {
 		nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
 		g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
 		key = actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: kern.GemmQPerm(f, suffix), pro: pro, ok: true}
 		name, gcfg, err = kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
-	}
-	if pro.kind != 0 && g.BF16 {
-		st.fail(fmt.Errorf("cuda: a fused prologue on the bf16 wide tiles"))
-		return
 	}
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: %w", err))
@@ -879,9 +874,9 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	if st.actq != key {
 		qname := "gemmq_actq"
 		switch {
-		case g.BF16:
-			qname = "gemmb_actb"
-			g.PackBF16(st.a())
+		case g.F16:
+			qname = "gemmh_acth"
+			g.PackF16(st.a(), pro.kind, pro.u, pro.w, pro.eps)
 		case pro.kind != 0:
 			qname = "gemmq_actq_pro"
 			g.PackQuantPro(st.a(), key.perm, pro.kind, pro.u, pro.w, pro.eps)
@@ -892,8 +887,8 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 		st.launch(qname, cfg.Grid, cfg.Block, 0)
 	}
 	switch {
-	case g.BF16:
-		g.PackWideBF16(st.a(), rows)
+	case g.F16:
+		g.PackWideF16(st.a(), rows)
 	case wide:
 		g.PackWide(st.a(), rows)
 	default:

@@ -65,8 +65,8 @@ type fakeGPU struct {
 	marks map[int]time.Duration
 	// lastActQ is the last gemmq_actq launched (a gemmq_* must read its quants).
 	lastActQ *fakeCall
-	// lastActB is the last gemmb_actb launched (a gemmb_* must read it).
-	lastActB *fakeCall
+	// lastActH is the last gemmh_acth launched (a gemmh_* must read it).
+	lastActH *fakeCall
 }
 
 // The fake's device times (TestStepTimer).
@@ -283,9 +283,9 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 		q := c
 		f.lastActQ = &q
 	}
-	if name == "gemmb_actb" {
+	if name == "gemmh_acth" {
 		q := c
-		f.lastActB = &q
+		f.lastActH = &q
 	}
 	if f.capturing {
 		f.captured = append(f.captured, c)
@@ -465,12 +465,20 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			errs = append(errs, f.span("U", c.ptr(7), rowsSpan(T, ldx, cols)))
 		}
 		return errorsJoin(errs...)
-	case name == "gemmb_actb":
-		ldx, cols, T := c.int(1), c.int(2), int(g.Y)
-		return errorsJoin(want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
-			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XB", c.ptr(3), kern.GemmBScratch(cols, T)))
-	case strings.HasPrefix(name, "gemmb_q4tp_w"):
-		gb := fakeGemmBArgs(c)
+	case name == "gemmh_acth":
+		ldx, cols, T, pro := c.int(1), c.int(2), int(g.Y), c.int(4)
+		errs := []error{want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+			want(pro == kern.ProPlain || pro == kern.ProNorm || pro == kern.ProSilu, "prologue %d", pro),
+			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XH", c.ptr(3), kern.GemmHScratch(cols, T))}
+		switch pro {
+		case kern.ProNorm:
+			errs = append(errs, f.span("norm weight", c.ptr(6), 4*int64(cols)))
+		case kern.ProSilu:
+			errs = append(errs, f.span("U", c.ptr(5), rowsSpan(T, ldx, cols)))
+		}
+		return errorsJoin(errs...)
+	case strings.HasPrefix(name, "gemmh_q4tp_w"):
+		gb := fakeGemmHArgs(c)
 		cols, ldy, T, total := gb.cols, gb.ldy, gb.T, gb.total()
 		stacked := kern.GemmQ{Rows: gb.parts[0].rows}
 		for _, p := range gb.parts[1:] {
@@ -478,11 +486,11 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 				stacked.More = append(stacked.More, kern.GemmQPart{Rows: p.rows})
 			}
 		}
-		wantName, wcfg, err := kern.GemmBLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
+		wantName, wcfg, err := kern.GemmHLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
 			want(ldy >= total && cols%32 == 0 && T <= 64, "ld"),
-			f.span("XB", gb.xq, kern.GemmBScratch(cols, T)), f.span("Y", gb.y, rowsSpan(T, ldy, total))}
+			f.span("XB", gb.xq, kern.GemmHScratch(cols, T)), f.span("Y", gb.y, rowsSpan(T, ldy, total))}
 		for _, p := range gb.parts {
 			if p.rows > 0 {
 				errs = append(errs, want(p.w%16 == 0, "alignment"), f.span("W", p.w, weightBytes("q4tp", p.rows, cols)))
@@ -491,8 +499,8 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 				}
 			}
 		}
-		if f.lastActB == nil || f.lastActB.ptr(3) != gb.xq || f.lastActB.int(2) != cols || int(f.lastActB.cfg.Grid.Y) != T {
-			errs = append(errs, fmt.Errorf("not preceded by a gemmb_actb of its activations (%d rows × %d)", T, cols))
+		if f.lastActH == nil || f.lastActH.ptr(3) != gb.xq || f.lastActH.int(2) != cols || int(f.lastActH.cfg.Grid.Y) != T {
+			errs = append(errs, fmt.Errorf("not preceded by a gemmh_acth of its activations (%d rows × %d)", T, cols))
 		}
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
@@ -872,7 +880,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					}
 					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
 					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
-					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); (strings.HasPrefix(name, "gemmq_") || strings.HasPrefix(name, "gemmb_")) && i > 0 {
+					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); (strings.HasPrefix(name, "gemmq_") || strings.HasPrefix(name, "gemmh_")) && i > 0 {
 						name = name[:i] // the int8 GEMM's small-batch and wide tiles (_s16h, _w16k8, ...)
 					}
 					names[name] = true
@@ -893,7 +901,7 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 				if quantized && !mmq && !names["gemm_"+fam] {
 					t.Errorf("the 12-row prefill of %s did not take the GEMM", dt)
 				}
-				if quantized && mmq && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam] || names["gemmb_actb"]) {
+				if quantized && mmq && (!names["gemmq_"+fam] || !names["gemmq_actq"] || names["gemm_"+fam] || names["gemmh_acth"]) {
 					t.Errorf("the 12-row prefill of %s with MMQ did not take the int8 GEMM alone (launched: %v)", dt, names)
 				}
 				if !mmq && names["gemmq_actq"] {

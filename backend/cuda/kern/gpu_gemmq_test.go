@@ -9,6 +9,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/half"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -172,7 +173,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 			for _, T := range []int{16, 64, 512} {
 				paths := []string{"mmq", "base"}
 				if dt == quant.Q4TP && T <= 64 {
-					paths = append(paths, "bf16") // the bf16 wide tile (GemmQ.BF16, the device's default here)
+					paths = append(paths, "f16") // the half wide tile (GemmQ.F16, Options.F16Wide)
 				}
 				for _, tl := range kern.GemmQTiles(kernName[dt]) {
 					if tl.Small() && tl.BM < T && tl.BM < 64 {
@@ -198,8 +199,8 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							case "base":
 								return l.Gemm(dt, w, rows, cols, x, cols, y, rows, T, 0, false)
 							case "mmq":
-							case "bf16":
-								g.BF16 = true
+							case "f16":
+								g.F16 = true
 							case "tile128":
 								g.ForceTile = true
 							default: // one tile forced: for the thresholds
@@ -215,7 +216,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 							c.MemsetD8(w, 0x11, nb) // finite weights in every format
 							x, _ = c.Alloc(4 * int64(T*cols))
 							y, _ = c.Alloc(4 * int64(T*rows))
-							q, _ = c.Alloc(max(nq, kern.GemmBScratch(cols, T)))
+							q, _ = c.Alloc(max(nq, kern.GemmHScratch(cols, T)))
 							s, _ = c.Alloc(ns)
 							c.MemsetD32(x, 0x3c000000, int64(T*cols))
 							return queue(c) // warm-up
@@ -332,22 +333,19 @@ func TestGPUGemmQStacked(t *testing.T) {
 	}
 }
 
-// TestGPUGemmBParity: the bf16 wide tiles (kern.GemmQ.BF16: gemmb_actb,
-// then gemmb_q4tp_w*, the one GemmQSuffix picks and every tile forced)
+// TestGPUGemmHParity: the half wide tiles (kern.GemmQ.F16: gemmh_acth,
+// then gemmh_q4tp_w*, the one GemmQSuffix picks and every tile forced)
 // over q4tp, rows 37/130/4096 × cols 96/1056/4096 and a stack of three
 // tensors (130, 37, 256 rows), T = 1, 9, 16, 33, 64, store and
-// bias+accumulate, against float64 sums of quant.Decode's weights × the
-// activations rounded to bf16, tolerance 1e-5 of Σ|terms|; gemmb_actb's
-// output is checked bit for bit (bf16 of each x in the documented order),
-// Y's padding and rows past T untouched.
-func TestGPUGemmBParity(t *testing.T) {
+// bias+accumulate, against float64 sums of kern.GemmHWeights × the
+// activations rounded by kern.GemmHActivation, tolerance 1e-5 of Σ|terms|;
+// gemmh_acth's output is checked bit for bit (f16 of each x in the
+// documented order, with values past f16's range saturated), Y's padding
+// and rows past T untouched.
+func TestGPUGemmHParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(29)
-	bf := func(x float32) float64 {
-		b := math.Float32bits(x)
-		b += 0x7fff + (b>>16)&1
-		return float64(math.Float32frombits(b &^ 0xffff))
-	}
+	bf := func(x float32) float64 { return float64(kern.GemmHActivation(x)) }
 	for _, sh := range [][]int{{37, 96}, {130, 1056}, {4096, 4096}, {130, 1056, 37, 256}} {
 		cols := sh[1]
 		parts := append([]int{sh[0]}, sh[2:]...)
@@ -359,16 +357,20 @@ func TestGPUGemmBParity(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wd, _ := quant.Decode(quant.Q4TP, wb, []int{rows, cols})
+			wd, err := kern.GemmHWeights(wb, rows, cols)
+			if err != nil {
+				t.Fatal(err)
+			}
 			wds, dws = append(wds, wd), append(dws, g.upload(wb))
 			total += rows
 		}
 		const maxT = 64
 		ldx, ldy := cols+4, total+3
 		x := r.vec(maxT*ldx, 1)
+		x[3], x[ldx+9] = 1e6, -7e4 // past f16's range: saturated
 		dx := g.f32(x)
 		bias := r.vec(total, 0.1)
-		dq := g.upload(make([]byte, kern.GemmBScratch(cols, maxT)))
+		dq := g.upload(make([]byte, kern.GemmHScratch(cols, maxT)))
 		check := func(o int) bool { return total < 4096 || o%7 == 0 || o == total-1 }
 		ref, refMag := make([]float64, maxT*total), make([]float64, maxT*total)
 		for ti := range maxT {
@@ -398,7 +400,7 @@ func TestGPUGemmBParity(t *testing.T) {
 		for _, T := range []int{1, 9, 16, 33, 64} {
 			for _, epi := range []string{"store", "bias+accumulate"} {
 				acc := epi != "store"
-				gq := kern.GemmQ{W: dws[0], Rows: parts[0], Cols: cols, X: dx, Ldx: ldx, Quants: dq, Ldy: ldy, Accumulate: acc, BF16: true}
+				gq := kern.GemmQ{W: dws[0], Rows: parts[0], Cols: cols, X: dx, Ldx: ldx, Quants: dq, Ldy: ldy, Accumulate: acc, F16: true}
 				if acc {
 					gq.Bias = dbs[0]
 				}
@@ -409,7 +411,7 @@ func TestGPUGemmBParity(t *testing.T) {
 					}
 					gq.More = append(gq.More, p)
 				}
-				for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmBTiles()...) {
+				for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmHTiles()...) {
 					if ti > 0 && (tile.BM < T || total >= 4096 && tile.KS != 8) {
 						continue
 					}
@@ -423,8 +425,8 @@ func TestGPUGemmBParity(t *testing.T) {
 							for k := range cols {
 								m, q := k&7, (k&31)>>3
 								h := uint16(xb[2*(tt*cols+k&^31+2*q+m>>2+8*(m&3))]) | uint16(xb[2*(tt*cols+k&^31+2*q+m>>2+8*(m&3))+1])<<8
-								if got := float64(math.Float32frombits(uint32(h) << 16)); got != bf(x[tt*ldx+k]) {
-									t.Fatalf("gemmb_actb row %d element %d: %g, want bf16 %g", tt, k, got, bf(x[tt*ldx+k]))
+								if got := float64(half.F16ToF32(h)); got != bf(x[tt*ldx+k]) {
+									t.Fatalf("gemmh_acth row %d element %d: %g, want f16 %g", tt, k, got, bf(x[tt*ldx+k]))
 								}
 							}
 						}
@@ -478,10 +480,15 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 		nb, _ := quant.ExpectedBytes(dt, []int{rows, cols})
 		copies := int(max(2, (256<<20)/nb+1))
 		for _, T := range []int{16, 64} {
-			paths := []string{"mmq"}
+			paths := []string{"mmq", "f16"}
 			for _, tl := range kern.GemmQTiles(kernName[dt]) {
 				if tl.Wide() && tl.BM >= T && (tl.BM < 2*T || tl.BM <= 16) {
 					paths = append(paths, "tile"+tl.Suffix)
+				}
+			}
+			for _, tl := range kern.GemmHTiles() {
+				if tl.BM >= T && (tl.BM < 2*T || tl.BM <= 16) {
+					paths = append(paths, "f16tile"+tl.Suffix)
 				}
 			}
 			for _, path := range paths {
@@ -495,7 +502,12 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 						l := m.On(c, 0, false)
 						g := kern.GemmQ{W: ws[next%copies], Rows: rows, Cols: cols, X: x, Ldx: cols, Quants: q, Scales: s, Y: y, Ldy: rows}
 						next++
-						if path != "mmq" {
+						switch {
+						case path == "f16":
+							g.F16 = true
+						case strings.HasPrefix(path, "f16tile"):
+							g.F16, g.ForceTile, g.Tile = true, true, strings.TrimPrefix(path, "f16tile")
+						case path != "mmq":
 							g.ForceTile, g.Tile = true, strings.TrimPrefix(path, "tile")
 						}
 						return l.GemmQ(dt, g, T)
@@ -510,7 +522,7 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 						}
 						x, _ = c.Alloc(4 * int64(T*cols))
 						y, _ = c.Alloc(4 * int64(T*rows))
-						q, _ = c.Alloc(nq)
+						q, _ = c.Alloc(max(nq, kern.GemmHScratch(cols, T)))
 						s, _ = c.Alloc(ns)
 						c.MemsetD32(x, 0x3c000000, int64(T*cols))
 						return queue(c) // warm-up

@@ -146,7 +146,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"gate_mul":         {8, 4, 8, 4, 4},
 		"gemmq_actq":       {8, 4, 4, 8, 8, 4}, // (X, ldx, cols, XQ, D, perm)
 		"gemmq_actq_pro":   {8, 4, 4, 8, 8, 4, 4, 8, 8, 4, 4},
-		"gemmb_actb":       {8, 4, 4, 8}, // (X, ldx, cols, XB)
+		"gemmh_acth":       {8, 4, 4, 8, 4, 8, 8, 4, 4}, // (X, ldx, cols, XH, pro, U, nw, eps, one_plus)
 		// (proj, ldp, grouped, nk, dk, nv, dv, w, K, state, stride, slot, out, ldo)
 		"dn_conv": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
 		// (proj, ldp, grouped, nk, dk, nv, dv, K, state, stride, slot)
@@ -182,9 +182,9 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 	for _, ks := range []string{"1", "2", "4", "8"} {
 		want["gemmq_q4tp_w64k"+ks+"d"] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
 	}
-	for _, t := range GemmBTiles() {
+	for _, t := range GemmHTiles() {
 		// (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate)
-		want["gemmb_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4}
+		want["gemmh_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4}
 	}
 	for name, ps := range want {
 		k, ok := m.Kernel(name)

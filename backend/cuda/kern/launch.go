@@ -353,7 +353,7 @@ type GemmQTile struct {
 	BN, BM         int
 	WN, WK, KG, NS int
 	KS             int
-	BF16           bool // a gemmb_q4tp_w* tile (bf16 activations; GemmQ.BF16)
+	F16            bool // a gemmh_q4tp_w* tile (f16 activations and weights; GemmQ.F16)
 	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
 }
 
@@ -378,9 +378,9 @@ func gemmqWideStage(fam string, BM int) int {
 // (WB = 32 for q8row, 16 for q4tp), BM·KG scales and, for q4tp, BN·KG rungs
 // and BN·8 code bytes (gemmq_small's layout).
 func (t GemmQTile) Shared(fam string) int {
-	if t.BF16 {
-		// NS stages of BM bf16 activation rows of 8·64+16 bytes, 128 weight
-		// rows of 8·16+16 and 128·8 code bytes, then the warps' rungs.
+	if t.F16 {
+		// NS stages of BM f16 activation rows of 8·64+16 bytes, 128 weight
+		// rows of 8·16+16 and 128·8 code bytes, then the warps' rung pairs.
 		return t.NS*(t.BM*528+128*144+128*8) + 8*8*16*4
 	}
 	if t.Wide() {
@@ -440,23 +440,23 @@ func wideTiles(fam string) []GemmQTile {
 	return ts
 }
 
-// gemmbWide mirrors gemmq.cu's GEMMB_WIDE_KS lines (BM, NS; every KS).
-var gemmbWide = [][2]int{{16, 3}, {32, 2}, {64, 2}}
+// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS; every KS).
+var gemmhWide = [][2]int{{16, 3}, {32, 2}, {64, 2}}
 
-// GemmBTiles lists the bf16 wide tiles (gemmb_q4tp_w<BM>k<KS>).
-func GemmBTiles() []GemmQTile {
+// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>).
+func GemmHTiles() []GemmQTile {
 	var ts []GemmQTile
-	for _, bn := range gemmbWide {
+	for _, bn := range gemmhWide {
 		for _, ks := range gemmqWideKS {
-			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, BF16: true})
+			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, F16: true})
 		}
 	}
 	return ts
 }
 
-// GemmBScratch is the bf16 activations a BF16 GemmQ over T rows of cols
+// GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
 // columns needs (its Quants): 2·T·cols bytes.
-func GemmBScratch(cols, T int) int64 { return 2 * int64(T) * int64(cols) }
+func GemmHScratch(cols, T int) int64 { return 2 * int64(T) * int64(cols) }
 
 // GemmQTiles lists every int8 GEMM tile of family fam (q8row, q4tp): the
 // register-staged ones, the small-batch ones, then the wide ones.
@@ -590,11 +590,11 @@ type GemmQ struct {
 	Ldy            int
 	Bias           Ptr
 	Accumulate     bool
-	// BF16 runs a q4tp GEMM of T ≤ 64 rows on the bf16 wide tiles
-	// (gemmb_actb into Quants, GemmBScratch bytes, then gemmb_q4tp_w*:
-	// bf16 activations, exact weights, f32 sums; Scales unused) instead of
-	// the int8 ones.
-	BF16 bool
+	// F16 runs a q4tp GEMM of T ≤ 64 rows on the half wide tiles
+	// (gemmh_acth into Quants, GemmHScratch bytes, then gemmh_q4tp_w*:
+	// f16 activations, f16 weights with the group's rung folded in, f32
+	// sums; Scales unused) instead of the int8 ones; Pro as there.
+	F16 bool
 	// More: up to two more tensors of the same format and width over the
 	// same activations (q|k|v, gate|up), their outputs Y's columns after
 	// Rows (then after Rows + More[0].Rows); only the wide tiles (T ≤ 64)
@@ -605,8 +605,8 @@ type GemmQ struct {
 	// and tests compare the tiles).
 	ForceTile bool
 	Tile      string
-	// Pro: the quantizer applies a prologue to X first (gemmq_actq_pro,
-	// the int8 tiles only): ProNorm / ProNorm1 (RMSNorm by ProW with
+	// Pro: the quantizer applies a prologue to X first (gemmq_actq_pro;
+	// gemmh_acth for F16): ProNorm / ProNorm1 (RMSNorm by ProW with
 	// ProEps over Cols), ProSilu (silu(X)·ProU, ProU at X's stride).
 	Pro        int
 	ProU, ProW Ptr
@@ -686,11 +686,17 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if !GemmQSupported(d, g.W, g.Cols) || T < 1 || g.Rows < 1 || g.Ldx < g.Cols || g.Ldy < total || len(g.More) > 2 {
 		return nil, fmt.Errorf("kern: int8 gemm %s %d×%d (W at %#x, %d more) with %d rows", d, g.Rows, g.Cols, uint64(g.W), len(g.More), T)
 	}
-	if g.BF16 {
-		if g.Pro != ProPlain {
-			return nil, fmt.Errorf("kern: a prologue on the bf16 wide tiles")
+	switch g.Pro {
+	case ProPlain:
+	case ProNorm, ProNorm1, ProSilu:
+		if g.Pro == ProSilu && g.ProU == 0 || g.Pro != ProSilu && g.ProW == 0 {
+			return nil, fmt.Errorf("kern: int8 gemm prologue %d without its input (u %#x, norm weight %#x)", g.Pro, uint64(g.ProU), uint64(g.ProW))
 		}
-		return g.bf16Calls(fam, T)
+	default:
+		return nil, fmt.Errorf("kern: int8 gemm prologue %d", g.Pro)
+	}
+	if g.F16 {
+		return g.f16Calls(fam, T)
 	}
 	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
 	if g.ForceTile {
@@ -700,15 +706,8 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 		return nil, fmt.Errorf("kern: int8 gemm tile gemmq_%s%s over %d stacked tensors (only the wide tiles take them)", fam, suffix, 1+len(g.More))
 	}
 	qname, qa := "gemmq_actq", g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix))
-	switch g.Pro {
-	case ProPlain:
-	case ProNorm, ProNorm1, ProSilu:
-		if g.Pro == ProSilu && g.ProU == 0 || g.Pro != ProSilu && g.ProW == 0 {
-			return nil, fmt.Errorf("kern: int8 gemm prologue %d without its input (u %#x, norm weight %#x)", g.Pro, uint64(g.ProU), uint64(g.ProW))
-		}
+	if g.Pro != ProPlain {
 		qname, qa = "gemmq_actq_pro", g.PackQuantPro(new(driver.Args), GemmQPerm(fam, suffix), g.Pro, g.ProU, g.ProW, g.ProEps)
-	default:
-		return nil, fmt.Errorf("kern: int8 gemm prologue %d", g.Pro)
 	}
 	cfg := ActQuantLaunch(g.Cols, T)
 	name, gcfg, err := GemmQLaunch(fam, suffix, g.StackedRows(), T)
@@ -722,43 +721,49 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	return []call{{qname, cfg, qa}, {name, gcfg, ga}}, nil
 }
 
-// GemmBLaunch is the launch of the bf16 wide tile suffix over rows
+// GemmHLaunch is the launch of the half wide tile suffix over rows
 // stacked weight rows (GemmQ.StackedRows) and T tokens.
-func GemmBLaunch(suffix string, rows, T int) (string, driver.Config, error) {
-	for _, t := range GemmBTiles() {
+func GemmHLaunch(suffix string, rows, T int) (string, driver.Config, error) {
+	for _, t := range GemmHTiles() {
 		if t.Suffix == suffix {
-			return "gemmb_q4tp" + suffix, driver.Config{Grid: driver.D3((rows+127)/128, t.KS, (T+t.BM-1)/t.BM),
+			return "gemmh_q4tp" + suffix, driver.Config{Grid: driver.D3((rows+127)/128, t.KS, (T+t.BM-1)/t.BM),
 				Block: driver.D1(256), Shared: t.Shared("q4tp")}, nil
 		}
 	}
-	return "", driver.Config{}, fmt.Errorf("kern: no bf16 gemm tile gemmb_q4tp%s", suffix)
+	return "", driver.Config{}, fmt.Errorf("kern: no half gemm tile gemmh_q4tp%s", suffix)
 }
 
-// PackBF16 packs into a gemmb_actb's parameters for g.
-func (g GemmQ) PackBF16(a *driver.Args) *driver.Args {
-	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants)
+// PackF16 packs into a gemmh_acth's parameters for g with prologue pro
+// (ProPlain, ProNorm, ProNorm1: RMSNorm by w with eps; ProSilu: silu(X)·u).
+func (g GemmQ) PackF16(a *driver.Args, pro int, u, w Ptr, eps float32) *driver.Args {
+	k, onePlus := pro, 0
+	if pro == ProNorm1 {
+		k, onePlus = ProNorm, 1
+	}
+	return a.Ptr(g.X).Int(g.Ldx).Int(g.Cols).Ptr(g.Quants).Int(k).Ptr(u).Ptr(w).F32(eps).Int(onePlus)
 }
 
-// PackWideBF16 packs into a the bf16 wide tiles' parameters for g over T rows.
-func (g GemmQ) PackWideBF16(a *driver.Args, T int) *driver.Args {
+// PackWideF16 packs into a the half wide tiles' parameters for g over T rows.
+func (g GemmQ) PackWideF16(a *driver.Args, T int) *driver.Args {
 	p := g.parts()
 	return a.Ptr(p[0].W).Ptr(p[1].W).Ptr(p[2].W).Int(p[0].Rows).Int(p[1].Rows).Int(p[2].Rows).Int(g.Cols).
 		Ptr(g.Quants).Ptr(g.Y).Int(g.Ldy).Int(T).Ptr(p[0].Bias).Ptr(p[1].Bias).Ptr(p[2].Bias).Int(b2i(g.Accumulate))
 }
 
-func (g GemmQ) bf16Calls(fam string, T int) ([]call, error) {
+func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 	if fam != "q4tp" || T > 64 {
-		return nil, fmt.Errorf("kern: the bf16 wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
+		return nil, fmt.Errorf("kern: the half wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
 	}
-	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
+	suffix := strings.TrimSuffix(GemmQSuffix(fam, g.StackedRows(), g.Cols, T), "d") // no deep half tiles
 	if g.ForceTile {
 		suffix = g.Tile
 	}
-	name, cfg, err := GemmBLaunch(suffix, g.StackedRows(), T)
+	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
 	if err != nil {
 		return nil, err
 	}
-	return []call{{"gemmb_actb", ActQuantLaunch(g.Cols, T), g.PackBF16(new(driver.Args))}, {name, cfg, g.PackWideBF16(new(driver.Args), T)}}, nil
+	qa := g.PackF16(new(driver.Args), g.Pro, g.ProU, g.ProW, g.ProEps)
+	return []call{{"gemmh_acth", ActQuantLaunch(g.Cols, T), qa}, {name, cfg, g.PackWideF16(new(driver.Args), T)}}, nil
 }
 
 // ActQuant queues gemmq_actq: T rows of X (ldx apart, cols % 32 == 0)

@@ -50,9 +50,9 @@ func TestLaunchersMatchManifest(t *testing.T) {
 					Y: 0x5000, Ldy: 130, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
 			}
 			if d == quant.Q4TP { // the bf16 wide tiles: each forced
-				for _, tl := range GemmBTiles() {
+				for _, tl := range GemmHTiles() {
 					add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Y: 0x5000, Ldy: 130,
-						BF16: true, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
+						F16: true, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
 				}
 			}
 		}

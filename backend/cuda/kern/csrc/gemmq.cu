@@ -38,7 +38,7 @@
 // aligned (the launcher checks; st.mv keeps the bf16 GEMM otherwise).
 // Rows past `rows` or T read the last valid row and are never stored.
 #include "common.cuh"
-#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #define GQ_THREADS 256
 
@@ -84,6 +84,26 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
 // rmsnorm's bit for bit; pro 3 (silu) silu(X[t][i])·U[t][i] with
 // silu_mul's expression, U at the same stride. Launch and the first six
 // parameters as gemmq_actq's.
+// The prologue of gemmq_actq_pro and gemmh_acth over row xr: gq_pro_inv
+// is RMSNorm's 1/rms for pro 1 (every thread of the block calls it: it
+// sums the row's squares with norm.cu's thread order and tree), else 0;
+// gq_pro_val is element i's value: pro 0 x itself, 1 rms_apply, 3
+// silu(x)·ur[i] with silu_mul's expression; any other pro traps.
+__device__ __forceinline__ float gq_pro_inv(const float* __restrict__ xr, int cols, int pro, float eps, double* sh) {
+  if (pro != 1) return 0.0f;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < cols; i += GQ_THREADS) ss += (double)xr[i] * (double)xr[i];
+  ss = block_sum_d(ss, sh);
+  return rms_inv(ss, cols, eps);
+}
+__device__ __forceinline__ float gq_pro_val(float v, int i, int pro, float inv, const float* __restrict__ ur,
+                                            const float* __restrict__ nw, int one_plus) {
+  if (pro == 1) return rms_apply(v, inv, nw[i], one_plus);
+  if (pro == 3) return v / (1.0f + expf(-v)) * ur[i];
+  if (pro != 0) __trap();  // no such prologue
+  return v;
+}
+
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     gemmq_actq_pro(const float* __restrict__ X, int ldx, int cols, int8_t* __restrict__ XQ, float* __restrict__ D, int perm,
                    int pro, const float* __restrict__ U, const float* __restrict__ nw, float eps, int one_plus) {
@@ -93,23 +113,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
-  float inv = 0.0f;
-  if (pro == 1) {
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < cols; i += GQ_THREADS) ss += (double)xr[i] * (double)xr[i];
-    ss = block_sum_d(ss, sh);
-    inv = rms_inv(ss, cols, eps);
-  }
+  const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
   if (b >= nb) return;  // uniform over the warp
   const int i = b * 32 + lane;
-  float v = xr[i];
-  if (pro == 1) {
-    v = rms_apply(v, inv, nw[i], one_plus);
-  } else if (pro == 3) {
-    v = v / (1.0f + expf(-v)) * U[(size_t)t * ldx + i];
-  } else {
-    __trap();  // no such prologue (the launcher passes 1 or 3)
-  }
+  const float v = gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus);
   gq_quant32(v, lane, perm, XQ + (size_t)t * cols + b * 32, D + (size_t)t * nb + b);
 }
 
@@ -1011,56 +1018,90 @@ GEMMQ_WIDE_KS(q8row, GQWQ8, 32, 2, 2)
 GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
 
 // ---------------------------------------------------------------------------
-// bf16 wide tiles gemmb_q4tp_w<BM>k<KS> (batched decode of q4tp, T ≤ 64,
-// opt-in: Options.BF16Wide; the int8 tiles stay the default): the wide
-// tiles' blocks, clusters, ring and epilogue, but the activations are
-// bf16 (gemmb_actb: each x rounded to nearest even, nothing else) and the
-// weights exact: a lane's word q of row g's group becomes four bf16 pairs
-// (n_m, n_{m+4}) − 8 with one shift, one logic operation and one bf16x2
-// FMA each ((0x4300 | n) is bf16 128 + n), the two m16n8k16 products of a
-// group (k 0-15, 16-31) accumulate in f32 from zero, and acc += c·rung in
-// f32. No activation scale or integer conversion (~5 instructions an m16n8k16
-// by the source, the int8 inner loop's SASS ~16 an m16n8k32), yet 5-10% slower
-// than the int8 tiles on the H200 (stop 19 run 4, docs/gpu.md). Rounding: only the
-// activations' (bf16, relative 2^-9; the int8 quants' is ~2^-8 of the
-// block's largest); weights, rungs and every sum are exact or f32.
-// gemmb_actb's order within a block of 32: element 8q + m at 2q + m/4 +
-// 8·(m%4), so that (n_m, n_{m+4}) of word q are the B fragment's k pairs
-// (2q, 2q+1) of k step m/2 (b0 for even m, b1 for odd). Launch: gemmb_actb
-// as gemmq_actq (X, ldx, cols, XB); the tiles grid (Σ⌈rows_j/128⌉, KS,
-// ⌈T/BM⌉), block 256, dynamic shared memory kern.GemmQTile.Shared,
-// parameters (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate).
+// Half wide tiles gemmh_q4tp_w<BM>k<KS> (batched decode of q4tp, T ≤ 64;
+// Options.F16Wide): the wide tiles' blocks, clusters, ring and epilogue
+// on m16n8k16 f16 tensor cores, with no per-group arithmetic: each group's
+// rung is folded into its weights, so the mma accumulates straight into the
+// f32 tile over all of K (the int8 tiles convert and scale every mma's
+// int32 partial: ~12 of their ~16 instructions an mma). Arithmetic:
+//   - activations: gemmh_acth writes h(x) = f16(x) (round to nearest even;
+//     |x| > 65504 saturates to ±65504, a NaN stays NaN) of x or of its
+//     prologue (gq_pro_val: RMSNorm, SwiGLU, as gemmq_actq_pro), element
+//     8q + m of each block of 32 at 2q + m/4 + 8·(m%4), so that the pair
+//     (n_m, n_{m+4}) of a lane's q4tp word q is its B fragment's k pair
+//     (2q, 2q+1) of k step m/2 (b0 for even m, b1 for odd);
+//   - weights: row o's rungs scaled by 2^−E_o, E_o = ⌈max(a, a + 31·b)⌉ of
+//     its ladder (gh_rowexp; so every scaled rung is ≤ 1 and the weights
+//     stay in f16's normal range for 14 octaves below the largest rung),
+//     r = f16(rung·2^−E_o); weight (n − 8)·r rounded to f16 (one HMUL2
+//     after an exact HSUB2: (0x6400 | n) is f16 1024 + n);
+//   - y = 2^E_o·Σ_k h(x_k)·w_k (f32 sums in the tensor cores) + bias.
+// Rounding: relative 2^-11 on each activation and weight (the int8 quants'
+// is ~2^-8 of the block's largest), f32 sums.
+// Launch: gemmh_acth as gemmq_actq, parameters (X, ldx, cols, XH, pro, U,
+// nw, eps, one_plus; pro 0 none, 1 RMSNorm, 3 SwiGLU); the tiles grid
+// (Σ⌈rows_j/128⌉, KS, ⌈T/BM⌉), block 256, dynamic shared memory
+// kern.GemmQTile.Shared, parameters (W0, W1, W2, rows0..2, cols, XH, Y,
+// ldy, T, b0..2, accumulate).
 
-extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmb_actb(const float* __restrict__ X, int ldx, int cols,
-                                                                    uint16_t* __restrict__ XB) {
+extern "C" __global__ void __launch_bounds__(GQ_THREADS)
+    gemmh_acth(const float* __restrict__ X, int ldx, int cols, uint16_t* __restrict__ XH, int pro,
+               const float* __restrict__ U, const float* __restrict__ nw, float eps, int one_plus) {
+  __shared__ double sh[32];
   pdl_trigger();
   const int lane = threadIdx.x & 31, nb = cols / 32;
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
-  if (b >= nb) return;
-  const float v = X[(size_t)t * ldx + b * 32 + lane];
+  const float* xr = X + (size_t)t * ldx;
+  const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
+  if (b >= nb) return;  // uniform over the warp
+  const int i = b * 32 + lane;
+  float v = gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus);
+  if (fabsf(v) > 65504.0f) v = copysignf(65504.0f, v);  // (a NaN fails the test and stays)
   const int q = lane >> 3, m = lane & 7;
-  XB[(size_t)t * cols + b * 32 + 2 * q + (m >> 2) + 8 * (m & 3)] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  XH[(size_t)t * cols + b * 32 + 2 * q + (m >> 2) + 8 * (m & 3)] = __half_as_ushort(__float2half_rn(v));
 }
 
-// c (+)= A·B for A 16×16 bf16 (row), B 16×8 bf16 (col), f32.
-__device__ __forceinline__ void gb_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+// c += A·B for A 16×16 f16 (row), B 16×8 f16 (col), f32.
+__device__ __forceinline__ void gh_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// (n_m, n_{m+4}) − 8 of a q4tp word as a bf16 pair (exact).
-__device__ __forceinline__ uint32_t gb_pair(uint32_t x, int m) {
-  const uint32_t v = ((x >> (4 * m)) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + n
+// (a & mask) | c in one LOP3 (the compiler splits it when both are immediates).
+__device__ __forceinline__ uint32_t gh_lop(uint32_t a, uint32_t mask, uint32_t c) {
   uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));  // ·1 − 136
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(c));
   return r;
 }
+// The weights (n_m − 8, n_{m+4} − 8)·r, m = 0..3, of a q4tp word x as
+// f16 pairs w[m], r2 = (r, r): nibbles m = 0, 2 as (0x6400 | n) = 1024 + n
+// less 1032, m = 1, 3 as (0x6400 | 16n) = 1024 + 16n times 1/16 less 72 (both
+// exact), then one HMUL2 by r (the only rounding); x >> 8 serves m = 2, 3.
+__device__ __forceinline__ void gh_word(uint32_t x, uint32_t r2, uint32_t (&w)[4]) {
+  const uint32_t y = x >> 8;
+  uint32_t d[4];
+  const uint32_t l0 = gh_lop(x, 0x000F000Fu, 0x64006400u), h1 = gh_lop(x, 0x00F000F0u, 0x64006400u);
+  const uint32_t l2 = gh_lop(y, 0x000F000Fu, 0x64006400u), h3 = gh_lop(y, 0x00F000F0u, 0x64006400u);
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[0]) : "r"(l0), "r"(0x64086408u));              // 1024 + n − 1032
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[1]) : "r"(h1), "r"(0x2C002C00u), "r"(0xD480D480u));  // ·1/16 − 72
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d[2]) : "r"(l2), "r"(0x64086408u));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d[3]) : "r"(h3), "r"(0x2C002C00u), "r"(0xD480D480u));
+#pragma unroll
+  for (int m = 0; m < 4; m++) asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(w[m]) : "r"(d[m]), "r"(r2));
+}
+// E_o of row o's ladder (a, b): ⌈max(a, a + 31·b)⌉, within [−126, 127].
+__device__ __forceinline__ int gh_rowexp(uint16_t ah, uint16_t bh) {
+  const float a = f16_to_f32(ah), b = f16_to_f32(bh);
+  const float e = ceilf(fmaxf(a, __fadd_rn(a, __fmul_rn(31.0f, b))));
+  return e != e ? 0 : (int)fminf(fmaxf(e, -126.0f), 127.0f);
+}
+__device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, e in [−126, 127]
 
 template <int FT, int KS, int NS>
-__device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
+__device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
-                                           const uint16_t* __restrict__ XB, float* __restrict__ Y, int ldy, int T,
+                                           const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
                                            const float* __restrict__ b0, const float* __restrict__ b1,
                                            const float* __restrict__ b2, int accumulate) {
   constexpr int CG = 8, BM = 16 * FT, BN = 128;
@@ -1068,11 +1109,11 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
   constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + BN * LDB, STAGE = OFF_C + BN * 8;
   constexpr int CWU = CG, UW = BN * CWU / GQ_THREADS;             // 16-byte weight units
   constexpr int UA = (BM * CG * 4 + GQ_THREADS - 1) / GQ_THREADS;  // 16-byte activation units
-  static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "bf16 wide tile layout");
+  static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "half wide tile layout");
   static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
-  float* const rb = reinterpret_cast<float*>(sm + NS * STAGE);  // [warp][kg][16] rungs
+  uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][16] rung pairs
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
   const int n0 = (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
@@ -1086,7 +1127,7 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
   const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;
   const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
-  const size_t coff = (size_t)rows * gpr * 16 + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
+  const size_t lad = (size_t)rows * gpr * 16, coff = lad + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
 
   // Copy slots as the int8 wide tiles', activations 32 units a row.
   const int cw = tid % CWU, rw0 = tid / CWU, ow0 = min(o0 + rw0, rows - 1);
@@ -1097,7 +1138,7 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
   const int dstW = OFF_W + rw0 * LDB + cw * 16;
   const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
   const int ca = tid % 32, ra0 = tid / 32, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
-  const uint8_t* const srcA = reinterpret_cast<const uint8_t*>(XB) + ((size_t)ta0 * cols + (size_t)c0 * CG * 32) * 2 + ca * 16;
+  const uint8_t* const srcA = reinterpret_cast<const uint8_t*>(XH) + ((size_t)ta0 * cols + (size_t)c0 * CG * 32) * 2 + ca * 16;
   int offA[UA];
 #pragma unroll
   for (int j = 0; j < UA; j++) offA[j] = (min(t0 + min(ra0 + 8 * j, BM - 1), T - 1) - ta0) * cols * 2;
@@ -1126,12 +1167,13 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
 #pragma unroll
     for (int j = 0; j < UA; j++)
       if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4)
-        gq_cp16(st + dstA + 8 * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XB), ok);
+        gq_cp16(st + dstA + 8 * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
   };
+  // Lane l's rung row wr + l%16: its ladder, 2^−E and code bytes.
   const int rr = lane & 15, rh = lane >> 4;
   const int orr = min(o0 + wr + rr, rows - 1);
-  const size_t po = (size_t)rows * gpr * 16 + 4 * (size_t)orr;
-  const uint32_t ladder = (uint32_t)ld_u16(W + po) | ((uint32_t)ld_u16(W + po + 2) << 16);
+  const uint16_t la = ld_u16(W + lad + 4 * (size_t)orr), lb = ld_u16(W + lad + 4 * (size_t)orr + 2);
+  const float unexp = gh_pow2(-gh_rowexp(la, lb));
   const size_t rcode = coff + (size_t)orr * cbytes;
 
   float acc[FT][2][4];
@@ -1163,7 +1205,7 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
     gq_commit();
     const uint8_t* st = sm + (s % NS) * STAGE;
     const int gv = min(CG, nb - (c0 + s) * CG);
-    float* wrb = rb + warp * CG * 16;
+    uint32_t* wrb = rb + warp * CG * 16;
     {
       const size_t p = rcode + 5 * (size_t)(c0 + s);
       const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * 8);
@@ -1172,24 +1214,21 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const int kg = 4 * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
-        wrb[kg * 16 + rr] = kg < gv ? q4tp_rung((uint16_t)ladder, (uint16_t)(ladder >> 16), code) : 0.0f;
+        const uint32_t h = kg < gv ? __half_as_ushort(__float2half_rn(q4tp_rung(la, lb, code) * unexp)) : 0u;
+        wrb[kg * 16 + rr] = h | (h << 16);
       }
       __syncwarp();
     }
     // Every group of the chunk (zeros past the slice: its activations and
-    // rungs are zero); the 64-token tile one at a time (two spill at 128
-    // registers).
-    constexpr int KU = FT == 4 ? 1 : 2;
+    // rungs are zero).
+    constexpr int KU = FT == 4 ? 2 : 4;
 #pragma unroll(KU)
     for (int kg = 0; kg < CG; kg++) {
       uint32_t fb[2][4];
-      float2 rs[2];
 #pragma unroll
       for (int n = 0; n < 2; n++) {
         const uint32_t x = *reinterpret_cast<const uint32_t*>(st + OFF_W + (wr + 8 * n + g4) * LDB + kg * 16 + 4 * q4);
-#pragma unroll
-        for (int m = 0; m < 4; m++) fb[n][m] = gb_pair(x, m);
-        rs[n] = *reinterpret_cast<const float2*>(wrb + kg * 16 + 8 * n + 2 * q4);
+        gh_word(x, wrb[kg * 16 + 8 * n + g4], fb[n]);
       }
 #pragma unroll
       for (int i = 0; i < FT; i++) {
@@ -1198,13 +1237,8 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
         gq_ldsm4(fa1, st + arow + 16 * i * LDA + kg * 64 + 32);
 #pragma unroll
         for (int n = 0; n < 2; n++) {
-          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          gb_mma(c, fa0, fb[n][0], fb[n][1]);
-          gb_mma(c, fa1, fb[n][2], fb[n][3]);
-          acc[i][n][0] += c[0] * rs[n].x;
-          acc[i][n][1] += c[1] * rs[n].y;
-          acc[i][n][2] += c[2] * rs[n].x;
-          acc[i][n][3] += c[3] * rs[n].y;
+          gh_mma(acc[i][n], fa0, fb[n][0], fb[n][1]);
+          gh_mma(acc[i][n], fa1, fb[n][2], fb[n][3]);
         }
       }
     }
@@ -1243,6 +1277,11 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
     float sv[4] = {sum.x, sum.y, sum.z, sum.w};
     const int o = o0 + ol;
     float* y = Y + (size_t)t * ldy + ycol + o;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int oe = min(o + e, rows - 1);
+      sv[e] *= gh_pow2(gh_rowexp(ld_u16(W + lad + 4 * (size_t)oe), ld_u16(W + lad + 4 * (size_t)oe + 2)));
+    }
     if (o + 3 < rows && aligned16(y)) {
       float4 prev = accumulate ? *reinterpret_cast<const float4*>(y) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       const float pv[4] = {prev.x, prev.y, prev.z, prev.w};
@@ -1265,19 +1304,19 @@ __device__ __forceinline__ void gemmb_wide(const uint8_t* __restrict__ W0, const
   if (KS > 1) gq_cluster_sync();
 }
 
-#define GEMMB_PARAMS                                                                                              \
+#define GEMMH_PARAMS                                                                                              \
   const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
-      int rows2, int cols, const uint16_t *__restrict__ XB, float *__restrict__ Y, int ldy, int T,                  \
+      int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
       const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
-#define GEMMB_WIDE(name, FT, KS, NS)                                                                              \
-  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmb_##name(GEMMB_PARAMS) { \
-    gemmb_wide<FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XB, Y, ldy, T, b0, b1, b2, accumulate);         \
+#define GEMMH_WIDE(name, FT, KS, NS)                                                                              \
+  extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
+    gemmh_wide<FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate);         \
   }
-#define GEMMB_WIDE_KS(BM, FT, NS)         \
-  GEMMB_WIDE(q4tp_w##BM##k1, FT, 1, NS) \
-  GEMMB_WIDE(q4tp_w##BM##k2, FT, 2, NS) \
-  GEMMB_WIDE(q4tp_w##BM##k4, FT, 4, NS) \
-  GEMMB_WIDE(q4tp_w##BM##k8, FT, 8, NS)
-GEMMB_WIDE_KS(16, 1, 3)
-GEMMB_WIDE_KS(32, 2, 2)
-GEMMB_WIDE_KS(64, 4, 2)
+#define GEMMH_WIDE_KS(BM, FT, NS)         \
+  GEMMH_WIDE(q4tp_w##BM##k1, FT, 1, NS) \
+  GEMMH_WIDE(q4tp_w##BM##k2, FT, 2, NS) \
+  GEMMH_WIDE(q4tp_w##BM##k4, FT, 4, NS) \
+  GEMMH_WIDE(q4tp_w##BM##k8, FT, 8, NS)
+GEMMH_WIDE_KS(16, 1, 3)
+GEMMH_WIDE_KS(32, 2, 2)
+GEMMH_WIDE_KS(64, 4, 2)
