@@ -1,8 +1,12 @@
 package kern
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/cortiq/cortiq/quant"
@@ -70,5 +74,35 @@ func TestGemmHActivation(t *testing.T) {
 	}
 	if v := GemmHActivation(float32(math.NaN())); v == v {
 		t.Errorf("GemmHActivation(NaN) = %g", v)
+	}
+}
+
+// TestGemmHTilesMatchSource: gemmq.cu's GEMMH_WIDE_KS lines are kern's
+// table (BM, FT = BM/16, NS, WT with suffix t for 2), and each tile fits
+// two blocks an SM (228 KB, 1 KB reserved each).
+func TestGemmHTilesMatchSource(t *testing.T) {
+	src, err := os.ReadFile("csrc/gemmq.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^GEMMH_WIDE_KS\((\d+), (\d+), (\d+), (\d+), (t?)\)`)
+	var got [][3]int
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		bm, _ := strconv.Atoi(m[1])
+		ft, _ := strconv.Atoi(m[2])
+		ns, _ := strconv.Atoi(m[3])
+		wt, _ := strconv.Atoi(m[4])
+		if ft*16 != bm || (wt == 2) != (m[5] == "t") {
+			t.Errorf("%s: BM %d, FT %d, WT %d, suffix %q", m[0], bm, ft, wt, m[5])
+		}
+		got = append(got, [3]int{bm, ns, wt})
+	}
+	if fmt.Sprint(got) != fmt.Sprint(gemmhWide) {
+		t.Fatalf("gemmq.cu's GEMMH_WIDE_KS lines %v, kern's table %v", got, gemmhWide)
+	}
+	for _, tl := range GemmHTiles() {
+		if sh := tl.Shared("q4tp"); 2*(sh+1024) > 228*1024 {
+			t.Errorf("%s: %d bytes of shared memory, over half an SM's", tl.Suffix, sh)
+		}
 	}
 }

@@ -354,6 +354,7 @@ type GemmQTile struct {
 	WN, WK, KG, NS int
 	KS             int
 	F16            bool // a gemmh_q4tp_w* tile (f16 activations and weights; GemmQ.F16)
+	Split          bool // a half tile whose warps split the tokens in two (suffix t: 32 rows a warp)
 	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
 }
 
@@ -381,7 +382,11 @@ func (t GemmQTile) Shared(fam string) int {
 	if t.F16 {
 		// NS stages of BM f16 activation rows of 8·64+16 bytes, 128 weight
 		// rows of 8·16+16 and 128·8 code bytes, then the warps' rung pairs.
-		return t.NS*(t.BM*528+128*144+128*8) + 8*8*16*4
+		rw := 16
+		if t.Split {
+			rw = 32
+		}
+		return t.NS*(t.BM*528+128*144+128*8) + 8*8*rw*4
 	}
 	if t.Wide() {
 		sh := t.NS * gemmqWideStage(fam, t.BM)
@@ -409,12 +414,12 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false},
-		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false, false},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false},
-		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false, false},
 	},
 }
 
@@ -440,19 +445,27 @@ func wideTiles(fam string) []GemmQTile {
 	return ts
 }
 
-// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS; every KS).
-var gemmhWide = [][2]int{{16, 3}, {32, 2}, {64, 2}}
+// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT; every KS).
+var gemmhWide = [][3]int{{16, 3, 1}, {32, 2, 1}, {64, 2, 1}, {32, 2, 2}, {64, 2, 2}}
 
-// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>).
+// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t]).
 func GemmHTiles() []GemmQTile {
 	var ts []GemmQTile
 	for _, bn := range gemmhWide {
 		for _, ks := range gemmqWideKS {
-			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, F16: true})
+			t := GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, F16: true, Split: bn[2] == 2}
+			if t.Split {
+				t.Suffix += "t"
+			}
+			ts = append(ts, t)
 		}
 	}
 	return ts
 }
+
+// gemmhSplit (CORTIQ_CUDA_GEMMH_SPLIT=1, read once) makes the half tiles
+// of 32 and 64 tokens the token-split ones (suffix t).
+var gemmhSplit = os.Getenv("CORTIQ_CUDA_GEMMH_SPLIT") == "1"
 
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
 // columns needs (its Quants): 2·T·cols bytes.
@@ -755,6 +768,9 @@ func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 		return nil, fmt.Errorf("kern: the half wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
 	}
 	suffix := strings.TrimSuffix(GemmQSuffix(fam, g.StackedRows(), g.Cols, T), "d") // no deep half tiles
+	if gemmhSplit && T > 16 {
+		suffix += "t"
+	}
 	if g.ForceTile {
 		suffix = g.Tile
 	}

@@ -1098,22 +1098,28 @@ __device__ __forceinline__ int gh_rowexp(uint16_t ah, uint16_t bh) {
 }
 __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, e in [−126, 127]
 
-template <int FT, int KS, int NS>
+// WT: the warps split the tokens WT ways (1: a warp has all BM tokens and
+// 16 rows; 2: half the tokens and 32 rows, so each activation fragment is
+// loaded from shared memory by half as many warps and each weight is
+// expanded by two).
+template <int FT, int KS, int NS, int WT>
 __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
                                            const float* __restrict__ b0, const float* __restrict__ b1,
                                            const float* __restrict__ b2, int accumulate) {
   constexpr int CG = 8, BM = 16 * FT, BN = 128;
+  constexpr int FW = FT / WT, NT = 2 * WT, RW = 8 * NT, GPL = RW / 4;  // m tiles, n tiles, rows, rung groups a lane
   constexpr int LDA = CG * 64 + 16, LDB = CG * 16 + 16, LDR = BN + 4;
   constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + BN * LDB, STAGE = OFF_C + BN * 8;
   constexpr int CWU = CG, UW = BN * CWU / GQ_THREADS;             // 16-byte weight units
   constexpr int UA = (BM * CG * 4 + GQ_THREADS - 1) / GQ_THREADS;  // 16-byte activation units
   static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "half wide tile layout");
   static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
+  static_assert((WT == 1 || WT == 2) && FT % WT == 0, "token split");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
-  uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][16] rung pairs
+  uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][RW] rung pairs
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
   const int n0 = (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
@@ -1123,7 +1129,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const float* __restrict__ bias = seg == 0 ? b0 : seg == 1 ? b1 : b2;
   const int ycol = seg == 0 ? 0 : seg == 1 ? rows0 : rows0 + rows1;
   const int o0 = (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
-  const int wr = 16 * warp;
+  const int wr = RW * (warp % (8 / WT)), tw = 16 * FW * (warp / (8 / WT));  // the warp's rows and tokens
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
   const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;
   const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
@@ -1169,21 +1175,21 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
       if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4)
         gq_cp16(st + dstA + 8 * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
   };
-  // Lane l's rung row wr + l%16: its ladder, 2^−E and code bytes.
-  const int rr = lane & 15, rh = lane >> 4;
+  // Lane l's rung row wr + l%RW (groups GPL·(l/RW) ...): its ladder, 2^−E and code bytes.
+  const int rr = lane % RW, rh = lane / RW;
   const int orr = min(o0 + wr + rr, rows - 1);
   const uint16_t la = ld_u16(W + lad + 4 * (size_t)orr), lb = ld_u16(W + lad + 4 * (size_t)orr + 2);
   const float unexp = gh_pow2(-gh_rowexp(la, lb));
   const size_t rcode = coff + (size_t)orr * cbytes;
 
-  float acc[FT][2][4];
+  float acc[FW][NT][4];
 #pragma unroll
-  for (int i = 0; i < FT; i++)
+  for (int i = 0; i < FW; i++)
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][n][e] = 0.0f;
-  const int arow = (lane & 15) * LDA + (lane >> 4) * 16;
+  const int arow = (tw + (lane & 15)) * LDA + (lane >> 4) * 16;
 
 #pragma unroll 1
   for (int s = 0; s < NS - 1; s++)
@@ -1205,38 +1211,38 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     gq_commit();
     const uint8_t* st = sm + (s % NS) * STAGE;
     const int gv = min(CG, nb - (c0 + s) * CG);
-    uint32_t* wrb = rb + warp * CG * 16;
+    uint32_t* wrb = rb + warp * CG * RW;
     {
       const size_t p = rcode + 5 * (size_t)(c0 + s);
       const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * 8);
       const uint64_t win = (uint64_t)cwd.x | ((uint64_t)cwd.y << 32);
       const int sh = (int)(p & 3) * 8;
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int kg = 4 * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
+      for (int j = 0; j < GPL; j++) {
+        const int kg = GPL * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
         const uint32_t h = kg < gv ? __half_as_ushort(__float2half_rn(q4tp_rung(la, lb, code) * unexp)) : 0u;
-        wrb[kg * 16 + rr] = h | (h << 16);
+        wrb[kg * RW + rr] = h | (h << 16);
       }
       __syncwarp();
     }
     // Every group of the chunk (zeros past the slice: its activations and
     // rungs are zero).
-    constexpr int KU = FT == 4 ? 2 : 4;
+    constexpr int KU = FW * NT >= 8 ? 2 : 4;
 #pragma unroll(KU)
     for (int kg = 0; kg < CG; kg++) {
-      uint32_t fb[2][4];
+      uint32_t fb[NT][4];
 #pragma unroll
-      for (int n = 0; n < 2; n++) {
+      for (int n = 0; n < NT; n++) {
         const uint32_t x = *reinterpret_cast<const uint32_t*>(st + OFF_W + (wr + 8 * n + g4) * LDB + kg * 16 + 4 * q4);
-        gh_word(x, wrb[kg * 16 + 8 * n + g4], fb[n]);
+        gh_word(x, wrb[kg * RW + 8 * n + g4], fb[n]);
       }
 #pragma unroll
-      for (int i = 0; i < FT; i++) {
+      for (int i = 0; i < FW; i++) {
         uint32_t fa0[4], fa1[4];
         gq_ldsm4(fa0, st + arow + 16 * i * LDA + kg * 64);
         gq_ldsm4(fa1, st + arow + 16 * i * LDA + kg * 64 + 32);
 #pragma unroll
-        for (int n = 0; n < 2; n++) {
+        for (int n = 0; n < NT; n++) {
           gh_mma(acc[i][n], fa0, fb[n][0], fb[n][1]);
           gh_mma(acc[i][n], fa1, fb[n][2], fb[n][3]);
         }
@@ -1248,12 +1254,12 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
 
   float* red = reinterpret_cast<float*>(sm);
 #pragma unroll
-  for (int i = 0; i < FT; i++)
+  for (int i = 0; i < FW; i++)
 #pragma unroll
-    for (int n = 0; n < 2; n++)
+    for (int n = 0; n < NT; n++)
 #pragma unroll
       for (int u = 0; u < 2; u++)
-        *reinterpret_cast<float2*>(red + (16 * i + g4 + 8 * u) * LDR + wr + 8 * n + 2 * q4) =
+        *reinterpret_cast<float2*>(red + (tw + 16 * i + g4 + 8 * u) * LDR + wr + 8 * n + 2 * q4) =
             make_float2(acc[i][n][2 * u], acc[i][n][2 * u + 1]);
   if (KS > 1)
     gq_cluster_sync();
@@ -1308,15 +1314,18 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
       int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
       const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
-#define GEMMH_WIDE(name, FT, KS, NS)                                                                              \
+#define GEMMH_WIDE(name, FT, KS, NS, WT)                                                                          \
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
-    gemmh_wide<FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate);         \
+    gemmh_wide<FT, KS, NS, WT>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate);     \
   }
-#define GEMMH_WIDE_KS(BM, FT, NS)         \
-  GEMMH_WIDE(q4tp_w##BM##k1, FT, 1, NS) \
-  GEMMH_WIDE(q4tp_w##BM##k2, FT, 2, NS) \
-  GEMMH_WIDE(q4tp_w##BM##k4, FT, 4, NS) \
-  GEMMH_WIDE(q4tp_w##BM##k8, FT, 8, NS)
-GEMMH_WIDE_KS(16, 1, 3)
-GEMMH_WIDE_KS(32, 2, 2)
-GEMMH_WIDE_KS(64, 4, 2)
+// BM, FT (BM = 16·FT), NS, WT; suffix t for WT = 2 (kern.GemmHTiles mirrors these).
+#define GEMMH_WIDE_KS(BM, FT, NS, WT, SFX)             \
+  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT) \
+  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT) \
+  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT) \
+  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT)
+GEMMH_WIDE_KS(16, 1, 3, 1, )
+GEMMH_WIDE_KS(32, 2, 2, 1, )
+GEMMH_WIDE_KS(64, 4, 2, 1, )
+GEMMH_WIDE_KS(32, 2, 2, 2, t)
+GEMMH_WIDE_KS(64, 4, 2, 2, t)
