@@ -308,7 +308,7 @@ func TestLoadDecodeScaling(t *testing.T) {
 	if os.Getenv("CORTIQ_LOAD_DEVICE") == "cuda" {
 		// The GPU path: the K/V pool sized for the 64 slots, graphs and PDL
 		// as cortiq serve opens it; CORTIQ_CUDA_MMQ=0 selects the bf16 GEMM.
-		dev, err := cuda.Open(cuda.Options{Seqs: 64, Ctx: ctxLen, Graphs: true, PDL: true, NoMMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "0", F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") == "f16",
+		dev, err := cuda.Open(cuda.Options{Seqs: 64, Ctx: ctxLen, Graphs: true, PDL: true, NoMMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "0", F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") != "int8",
 			KVF16: os.Getenv("CORTIQ_CUDA_KV") != "f32"}) // as cortiq serve opens it
 		if err != nil {
 			t.Fatal(err)

@@ -57,7 +57,7 @@ func loadEngine(tb testing.TB, path string, seqs, ctxLen int) *engine.Engine {
 	tb.Helper()
 	opt := engine.Options{}
 	if os.Getenv("CORTIQ_LOAD_DEVICE") == "cuda" {
-		dev, err := cuda.Open(cuda.Options{Seqs: seqs, Ctx: ctxLen, Graphs: true, PDL: true, NoMMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "0", F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") == "f16",
+		dev, err := cuda.Open(cuda.Options{Seqs: seqs, Ctx: ctxLen, Graphs: true, PDL: true, NoMMQ: os.Getenv("CORTIQ_CUDA_MMQ") == "0", F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") != "int8",
 			KVF16: os.Getenv("CORTIQ_CUDA_KV") != "f32"}) // as cortiq serve opens it
 		if err != nil {
 			tb.Fatal(err)

@@ -591,6 +591,16 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 		}
+		if c.ptr(16) != 0 { // the half GEMM's f16 copy, gemmh_acth's order
+			w := nq * hd
+			xh := f.bytesAt(c.ptr(16), 2*int64(R*w))
+			for r := range R {
+				for k := range w {
+					m, q := k&7, (k&31)>>3
+					binary.LittleEndian.PutUint16(xh[2*(r*w+k&^31+2*q+m>>2+8*(m&3)):], half.F32ToF16(kern.GemmHActivation(out.at(r*ldo+k))))
+				}
+			}
+		}
 	case name == "argmax":
 		// sample.cu's argmax: ties to the lowest index, NaN never chosen.
 		ld, n, R := c.int(1), c.int(2), int(g.X)
@@ -951,12 +961,13 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 // quantize the activations exactly as the CPU's int8 kernels do, so only
 // float rounding is left (worst seen ≈3e-7, q4tp) — a wrong quant order,
 // scale or stride shows as ≥1e-3. Then Options.F16Wide, where q4tp's
-// steps of 9 to 64 rows take the bf16 wide tiles (gemmh_acth +
-// gemmh_q4tp_w*, which must have run): q4tp within 3e-4 of the CPU (its
-// activations rounded to bf16, not to int8: ~1e-4 seen), the rest 1e-5.
+// steps of 33 to 64 rows take the half wide tiles (gemmh_acth +
+// gemmh_q4tp_w*, which must have run, o_proj's on attn_tiles' f16 copy
+// with no gemmh_acth): q4tp within 3e-4 of the CPU (its activations
+// rounded to f16, not to int8: ~1.5e-4 seen), the rest 1e-5.
 func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, exact := range []bool{true, false} {
-		t.Run(map[bool]string{true: "int8", false: "bf16wide"}[exact], func(t *testing.T) { numericOnFakeMMQ(t, exact) })
+		t.Run(map[bool]string{true: "int8", false: "f16wide"}[exact], func(t *testing.T) { numericOnFakeMMQ(t, exact) })
 	}
 }
 
@@ -967,7 +978,7 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
 		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, F16Wide: !exact})
-		ran, ranB := 0, 0
+		ran, ranB, fromAttn := 0, 0, 0
 		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
 			switch {
 			case k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP:
@@ -991,13 +1002,28 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 					t.Errorf("%s / %s: %s ran with MMQ on", k.Name, name, call.name)
 				}
 			}
+			// attn_tiles with the f16 copy: o_proj's half GEMM reads it, no gemmh_acth between.
+			for i, call := range launched {
+				if !strings.HasPrefix(call.name, "attn_tiles") || call.ptr(16) == 0 {
+					continue
+				}
+				for _, next := range launched[i+1:] {
+					if strings.HasPrefix(next.name, "gemmh_") {
+						if next.name == "gemmh_acth" || next.ptr(7) != call.ptr(16) {
+							t.Errorf("%s / %s: %s after attn_tiles' f16 copy", k.Name, name, next.name)
+						}
+						fromAttn++
+						break
+					}
+				}
+			}
 		})
 		t.Logf("graphs %v: worst NMSE against the CPU per format: %v; of the Gated DeltaNet cases: %v", graphs, worst, worstDN)
 		if ran == 0 {
 			t.Fatal("no int8 GEMM ran")
 		}
-		if !exact && ranB == 0 {
-			t.Fatal("no bf16 wide GEMM ran")
+		if !exact && (ranB == 0 || fromAttn == 0) {
+			t.Fatalf("half wide GEMMs: %d ran, %d on attn_tiles' f16 copy", ranB, fromAttn)
 		}
 	}
 }

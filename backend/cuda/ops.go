@@ -846,7 +846,7 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	// The quantizer and the GEMM: the int8 tiles, or for q4tp with
 	// Options.F16Wide the half wide tiles (their activations in f16; perm
 	// -1 keeps the two apart in the sharing key).
-	g.F16 = dt == quant.Q4TP && rows <= 64 && st.d.opt.F16Wide
+	g.F16 = st.halfGEMM(dt, rows)
 	var key actqKey
 	var name string
 	var gcfg driver.Config
@@ -883,7 +883,7 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 		default:
 			g.PackQuant(st.a(), key.perm)
 		}
-		cfg := kern.ActQuantLaunch(g.Cols, rows)
+		cfg := kern.ActProLaunch(g.Cols, rows, pro.kind)
 		st.launch(qname, cfg.Grid, cfg.Block, 0)
 	}
 	switch {
@@ -899,6 +899,24 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	if x, y := g.X, g.Y; y < x+driver.DevicePtr(4*int64(rows)*int64(g.Ldx)) && x < y+driver.DevicePtr(4*int64(rows)*int64(g.Ldy)) {
 		st.actq.ok = false // the GEMM wrote its own input (cannot happen for a projection; kept safe)
 	}
+}
+
+// halfGEMM reports whether a GEMM over weights of format dt and rows
+// activation rows takes the half wide tiles (Options.F16Wide): q4tp, 33
+// to 64 rows (at 9-32 the int8 tiles were as fast or faster on the H200,
+// stop 21).
+func (st *state) halfGEMM(dt quant.DType, rows int) bool {
+	return dt == quant.Q4TP && rows > 32 && rows <= 64 && st.d.opt.F16Wide
+}
+
+// halfInput is the half wide tiles' activation scratch when st.mv's GEMM
+// over m and rows activation rows would take them (so that a producer can
+// write its output there as well: attn_tiles for o_proj), else 0.
+func (st *state) halfInput(m *mat, rows int) driver.DevicePtr {
+	if rows <= maxMatvecRows || st.d.opt.NoMMQ || !kern.GemmQSupported(m.dt, m.p, m.cols) || !st.halfGEMM(m.dt, rows) {
+		return 0
+	}
+	return st.buf("xh16", kern.GemmHScratch(m.cols, st.d.opt.MaxRows))
 }
 
 // stackable reports whether ms (q|k|v, gate|up) can run as one wide
@@ -1131,9 +1149,18 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		nsplit := kern.AttnTilesSplits(d.info.SMs, nkv, R)
 		part := st.buf("part", int64(st.partRows(true, nkv))*int64(nq)*int64(hd+2)*4)
 		cnt := st.bufZeroed("attn_cnt", int64(M)*int64(nkv)*4)
+		// o_proj on the half wide tiles: the attention also writes their
+		// f16 activations, so o_proj needs no gemmh_acth.
+		var outh driver.DevicePtr
+		if o := w.O.(*mat); !w.Gated && o.cols == qd && qd%32 == 0 {
+			outh = st.halfInput(o, R)
+		}
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
-			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
 		st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
+		if outh != 0 {
+			st.actq = actqKey{x: att, xq: outh, ldx: qd, cols: qd, rows: R, perm: -1, ok: true}
+		}
 	} else {
 		nsplit := attnSplits(d.info.SMs, nkv, R)
 		part := st.buf("part", int64(st.partRows(false, nkv))*int64(nq)*int64(hd+2)*4)

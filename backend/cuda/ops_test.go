@@ -456,7 +456,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 	case name == "gemmq_actq_pro":
 		ldx, cols, T, pro := c.int(1), c.int(2), int(g.Y), c.int(6)
 		q, s := kern.GemmQScratch(cols, T)
-		errs := []error{want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+		errs := []error{want(c.cfg == kern.ActProLaunch(cols, T, pro), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			want(pro == kern.ProNorm || pro == kern.ProSilu, "prologue %d", pro),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XQ", c.ptr(3), q), f.span("D", c.ptr(4), s)}
 		if pro == kern.ProNorm {
@@ -467,7 +467,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(errs...)
 	case name == "gemmh_acth":
 		ldx, cols, T, pro := c.int(1), c.int(2), int(g.Y), c.int(4)
-		errs := []error{want(c.cfg == kern.ActQuantLaunch(cols, T), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
+		errs := []error{want(c.cfg == kern.ActProLaunch(cols, T, pro), "shape"), want(ldx >= cols && cols%32 == 0, "ld"),
 			want(pro == kern.ProPlain || pro == kern.ProNorm || pro == kern.ProSilu, "prologue %d", pro),
 			f.span("X", c.ptr(0), rowsSpan(T, ldx, cols)), f.span("XH", c.ptr(3), kern.GemmHScratch(cols, T))}
 		switch pro {
@@ -583,6 +583,9 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx)}
 		if nsplit > 1 {
 			errs = append(errs, f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))), f.span("cnt", c.ptr(7), 4*int64(R*nkv)))
+		}
+		if c.ptr(16) != 0 {
+			errs = append(errs, want(nq*hd%32 == 0, "f16 copy of %d columns", nq*hd), f.span("outh", c.ptr(16), kern.GemmHScratch(nq*hd, R)))
 		}
 		return errorsJoin(errs...)
 	case name == "attn_merge":

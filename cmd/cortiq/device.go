@@ -57,7 +57,7 @@ type deviceSize struct {
 // backend.ErrNoDevice with the reason when no usable GPU is there.
 var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
 	opt := cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows, Graphs: true, PDL: os.Getenv("CORTIQ_CUDA_PDL") != "0",
-		NoMMQ: !mmqFromEnv(), F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") == "f16", KVF16: os.Getenv("CORTIQ_CUDA_KV") != "f32", Progress: progress.Bytes(os.Stderr, "uploading weights")}
+		NoMMQ: !mmqFromEnv(), F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") != "int8", KVF16: os.Getenv("CORTIQ_CUDA_KV") != "f32", Progress: progress.Bytes(os.Stderr, "uploading weights")}
 	if os.Getenv("CORTIQ_CUDA_PROFILE") != "" {
 		// Per-kernel times of every step (eager, no graphs), printed at close.
 		opt.Profile = os.Stderr
@@ -69,8 +69,10 @@ var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
 
 // mmqFromEnv reads CORTIQ_CUDA_MMQ: steps of more than 8 rows over q8_row,
 // q8_2f and q4tp weights run on the int8 tensor-core GEMM unless it is 0
-// (cuda.Options.NoMMQ: the bf16 GEMM); "f16" runs q4tp's batched decode
-// (9-64 rows) on the half wide tiles instead (cuda.Options.F16Wide).
+// (cuda.Options.NoMMQ: the bf16 GEMM); q4tp's steps of 33-64 rows take the
+// half wide tiles (cuda.Options.F16Wide, f16 activations) unless it is
+// "int8" (the int8 wide tiles, whose results equal the CPU's to float32
+// rounding).
 func mmqFromEnv() bool { return os.Getenv("CORTIQ_CUDA_MMQ") != "0" }
 
 // openDevice opens the device spec names. auto falls back to the CPU and

@@ -362,7 +362,7 @@ func BenchmarkGPUAttention(b *testing.B) {
 				queue := func(c *driver.Ctx) error {
 					l := m.On(c, 0, false)
 					if v.tiles {
-						return l.AttentionTiles(q, nq*hd, kc, vc, pos, slot, part, cnt, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088, v.half)
+						return l.AttentionTiles(q, nq*hd, kc, vc, pos, slot, part, cnt, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088, v.half, 0)
 					}
 					return l.Attention(q, nq*hd, kc, vc, pos, slot, part, out, nq*hd, R, nq, nkv, hd, ctx, v.nsplit, 0.088)
 				}

@@ -342,6 +342,21 @@ func (c *attnCase) check(t *testing.T, kernel string, got []float32) {
 	}
 }
 
+// checkHalf compares outh (the f16 copy, gemmh_acth's order) with out.
+func (c *attnCase) checkHalf(t *testing.T, kernel string, out []float32, hb []byte) {
+	t.Helper()
+	w := c.nq * c.hd
+	for ri := range c.lens {
+		for k := range w {
+			m, q := k&7, (k&31)>>3
+			h := half.F16ToF32(binary.LittleEndian.Uint16(hb[2*(ri*w+k&^31+2*q+m>>2+8*(m&3)):]))
+			if want := kern.GemmHActivation(out[ri*w+k]); h != want {
+				t.Fatalf("%s nq %d nkv %d hd %d splits %d: f16 output row %d column %d is %g, want %g", kernel, c.nq, c.nkv, c.hd, c.nsplit, ri, k, h, want)
+			}
+		}
+	}
+}
+
 func TestGPUAttentionParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(8)
@@ -360,12 +375,12 @@ func TestGPUAttentionParity(t *testing.T) {
 // attendTiles runs attn_tiles through the launcher (cnt: R·nkv zeroed
 // counters).
 func attendTiles(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, cnt, out driver.DevicePtr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) {
-	attendTilesKV(g, dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, false)
+	attendTilesKV(g, dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, false, 0)
 }
 
-func attendTilesKV(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, cnt, out driver.DevicePtr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) {
+func attendTilesKV(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, part, cnt, out driver.DevicePtr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool, outh driver.DevicePtr) {
 	g.run(func(l *kern.Launcher) error {
-		return l.AttentionTiles(dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16)
+		return l.AttentionTiles(dq, ldq, kc, vc, dpos, dslot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16, outh)
 	})
 }
 
@@ -374,7 +389,8 @@ func attendTilesKV(g *gpu, dq driver.DevicePtr, ldq int, kc, vc, dpos, dslot, pa
 // 128 and 256, one split (the output written directly) and several (the
 // last block's merge, counters reset: each case runs twice and must give
 // the same bits), lengths around the tile and split edges, length 0
-// (zeros) and rows sharing a slot.
+// (zeros) and rows sharing a slot; with outh, the f16 copy of the output
+// in gemmh_acth's order, bit for bit.
 func TestGPUAttentionTilesParity(t *testing.T) {
 	g := newGPU(t)
 	r := rng(18)
@@ -394,13 +410,17 @@ func TestGPUAttentionTilesParity(t *testing.T) {
 				t.Fatalf("attn_tiles %+v: counter %d left at %d", s, i, v)
 			}
 		}
-		attendTiles(g, dq, c.ldq, dk, dv, dp, ds, part, cnt, out, c.nq*c.hd, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale)
-		again := g.readF32(out, R*c.nq*c.hd)
+		// The second launch also writes the half GEMM's f16 activations.
+		w := c.nq * c.hd
+		outh := g.upload(make([]byte, kern.GemmHScratch(w, R)))
+		attendTilesKV(g, dq, c.ldq, dk, dv, dp, ds, part, cnt, out, w, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, false, outh)
+		again := g.readF32(out, R*w)
 		for i := range got {
 			if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
 				t.Fatalf("attn_tiles %+v: a second launch gives out[%d] = %g, the first %g", s, i, again[i], got[i])
 			}
 		}
+		c.checkHalf(t, "attn_tiles", got, g.readBytes(outh, 2*R*w))
 	}
 }
 
@@ -423,9 +443,12 @@ func TestGPUAttentionTilesF16(t *testing.T) {
 		}
 		R := len(c.lens)
 		part, cnt, out := g.zeros(R*c.nq*c.nsplit*(c.hd+2)), g.zeros(R*c.nkv), g.zeros(R*c.nq*c.hd)
+		outh := g.upload(make([]byte, kern.GemmHScratch(c.nq*c.hd, R)))
 		attendTilesKV(g, g.f32(c.q), c.ldq, g.upload(kh), g.upload(vh), g.i32(c.pos), g.i32(c.slot), part, cnt, out, c.nq*c.hd, R,
-			c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, true)
-		c.check(t, "attn_tiles_h", g.readF32(out, R*c.nq*c.hd))
+			c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, true, outh)
+		got := g.readF32(out, R*c.nq*c.hd)
+		c.check(t, "attn_tiles_h", got)
+		c.checkHalf(t, "attn_tiles_h", got, g.readBytes(outh, int(kern.GemmHScratch(c.nq*c.hd, R))))
 	}
 }
 

@@ -590,6 +590,19 @@ func ActQuantLaunch(cols, T int) driver.Config {
 	return driver.Config{Grid: driver.D2((cols/ActQuantBlock+7)/8, T), Block: driver.D1(256)}
 }
 
+// ActProLaunch is the launch of gemmq_actq_pro and gemmh_acth with
+// prologue pro over T rows of cols columns: ActQuantLaunch's, but for the
+// RMSNorm prologues, whose every block reads its whole row for the sum of
+// squares, only enough blocks a row for about two blocks an SM of the 132
+// (the warps loop over the row's blocks of 32).
+func ActProLaunch(cols, T, pro int) driver.Config {
+	c := ActQuantLaunch(cols, T)
+	if pro == ProNorm || pro == ProNorm1 {
+		c.Grid.X = uint32(min(int(c.Grid.X), max(1, (264+T-1)/T)))
+	}
+	return c
+}
+
 // GemmQ is one int8 tensor-core GEMM: Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]
 // (+bias[o]) over T activation rows, X quantized per block of 32
 // (ActQuant) into the scratch Quants and Scales (GemmQScratch bytes) first.
@@ -722,7 +735,7 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if g.Pro != ProPlain {
 		qname, qa = "gemmq_actq_pro", g.PackQuantPro(new(driver.Args), GemmQPerm(fam, suffix), g.Pro, g.ProU, g.ProW, g.ProEps)
 	}
-	cfg := ActQuantLaunch(g.Cols, T)
+	cfg := ActProLaunch(g.Cols, T, g.Pro)
 	name, gcfg, err := GemmQLaunch(fam, suffix, g.StackedRows(), T)
 	if err != nil {
 		return nil, err
@@ -779,7 +792,7 @@ func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 		return nil, err
 	}
 	qa := g.PackF16(new(driver.Args), g.Pro, g.ProU, g.ProW, g.ProEps)
-	return []call{{"gemmh_acth", ActQuantLaunch(g.Cols, T), qa}, {name, cfg, g.PackWideF16(new(driver.Args), T)}}, nil
+	return []call{{"gemmh_acth", ActProLaunch(g.Cols, T, g.Pro), qa}, {name, cfg, g.PackWideF16(new(driver.Args), T)}}, nil
 }
 
 // ActQuant queues gemmq_actq: T rows of X (ldx apart, cols % 32 == 0)
@@ -898,12 +911,12 @@ func (l *Launcher) Attention(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, l
 	return l.run(attentionCalls(q, ldq, kc, vc, pos, slot, part, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale))
 }
 
-func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) ([]call, error) {
-	if nkv < 1 || nq%nkv != 0 || !AttnTilesFits(hd, ldq, f16) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits {
+func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool, outh Ptr) ([]call, error) {
+	if nkv < 1 || nq%nkv != 0 || !AttnTilesFits(hd, ldq, f16) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits || outh != 0 && nq*hd%32 != 0 {
 		return nil, fmt.Errorf("kern: tiled attention with %d query heads, %d kv heads, head size %d, q stride %d, out stride %d, %d splits", nq, nkv, hd, ldq, ldo, nsplit)
 	}
 	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
-		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale)
+		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
 	return one(AttnTilesKernel(f16), driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd, f16), a), nil
 }
 
@@ -928,9 +941,11 @@ func RopeQKAppendKernel(f16 bool) string {
 // (attn_tiles; f16: attn_tiles_h over float16 caches): part holds
 // AttnPartFloats(R, nq, nsplit, hd) floats (unused when nsplit is 1), cnt
 // R·nkv int32 counters that are zero before the first launch (the kernel
-// leaves them zero).
-func (l *Launcher) AttentionTiles(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool) error {
-	return l.run(attentionTilesCalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16))
+// leaves them zero). outh, when not 0, also receives the output as the
+// half wide GEMM's f16 activations (GemmHScratch(nq·hd, R) bytes, the
+// order gemmh_acth writes).
+func (l *Launcher) AttentionTiles(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool, outh Ptr) error {
+	return l.run(attentionTilesCalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16, outh))
 }
 
 func siluMulCalls(g, u Ptr, ldi int, h Ptr, ldh, n, R int) []call {

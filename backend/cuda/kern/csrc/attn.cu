@@ -231,12 +231,23 @@ struct AtF16 {
   }
 };
 
+// The four values of v at columns c..c+3 of an f16 row in gemmh_acth's order (gh_store).
+__device__ __forceinline__ void at_storeh(uint16_t* __restrict__ row, int c, float4 v) {
+  gh_store(row, c, v.x);
+  gh_store(row, c + 1, v.y);
+  gh_store(row, c + 2, v.z);
+  gh_store(row, c + 3, v.w);
+}
+
+// outh, when not null: the output also as the half wide GEMM's f16
+// activations, rows of nq·hd in gemmh_acth's order (o_proj's input, so it
+// needs no gemmh_acth launch).
 template <class E>
 __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int ldq, const typename E::T* __restrict__ kc,
                                                 const typename E::T* __restrict__ vc, const int* __restrict__ pos,
                                                 const int* __restrict__ slot, float* __restrict__ part, int* __restrict__ cnt,
                                                 float* __restrict__ out, int ldo, int nq, int nkv, int hd, int ctx, int nsplit,
-                                                float scale) {
+                                                float scale, uint16_t* __restrict__ outh) {
   typedef typename E::T T;
   extern __shared__ float4 at_sm4[];
   float* sm = (float*)at_sm4;
@@ -343,7 +354,9 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
         const int d4 = lane + 32 * j;
         if (d4 < hd4) {
           const float4 v = o[hh][j];
-          *(float4*)(dst + 4 * d4) = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+          const float4 y = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+          *(float4*)(dst + 4 * d4) = y;
+          if (nsplit == 1 && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, y);
         }
       }
       if (nsplit > 1 && lane == 0) *(float2*)(pml + 2 * ph) = make_float2(m[hh], l[hh]);
@@ -402,6 +415,7 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
         }
       }
       if (in) *(float4*)(orow + 4 * d4) = O;
+      if (in && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, O);
     }
   }
   if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
@@ -410,10 +424,10 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
 #define ATTN_TILES_PARAMS(T)                                                                                           \
   const float *__restrict__ q, int ldq, const T *__restrict__ kc, const T *__restrict__ vc, const int *__restrict__ pos, \
       const int *__restrict__ slot, float *__restrict__ part, int *__restrict__ cnt, float *__restrict__ out, int ldo,   \
-      int nq, int nkv, int hd, int ctx, int nsplit, float scale
+      int nq, int nkv, int hd, int ctx, int nsplit, float scale, uint16_t *__restrict__ outh
 extern "C" __global__ void __launch_bounds__(128) attn_tiles(ATTN_TILES_PARAMS(float)) {
-  attn_tiles_body<AtF32>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale);
+  attn_tiles_body<AtF32>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh);
 }
 extern "C" __global__ void __launch_bounds__(128) attn_tiles_h(ATTN_TILES_PARAMS(__half)) {
-  attn_tiles_body<AtF16>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale);
+  attn_tiles_body<AtF16>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh);
 }

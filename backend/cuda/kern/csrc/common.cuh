@@ -42,6 +42,14 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 
 // f16 and bf16 bit patterns to float (exact).
 __device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+// gemmh_acth's value of v (f16, |v| > 65504 saturated, a NaN kept) at
+// column c of a row in its order (element 8q + m of each block of 32 at
+// 2q + m/4 + 8·(m%4)): the half wide GEMM's activations.
+__device__ __forceinline__ void gh_store(uint16_t* __restrict__ row, int c, float v) {
+  if (fabsf(v) > 65504.0f) v = copysignf(65504.0f, v);
+  const int k = c & 31, m = k & 7, q = k >> 3;
+  row[(c & ~31) + 2 * q + (m >> 2) + 8 * (m & 3)] = __half_as_ushort(__float2half_rn(v));
+}
 __device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
 // Unaligned little-endian loads of stored scales (q8 row scales sit at

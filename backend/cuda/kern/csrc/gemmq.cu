@@ -82,8 +82,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
 // (one_plus: ·(1 + nw)) with rmsnorm's arithmetic — every block sums the
 // row's squares with norm.cu's thread order and tree, so the values equal
 // rmsnorm's bit for bit; pro 3 (silu) silu(X[t][i])·U[t][i] with
-// silu_mul's expression, U at the same stride. Launch and the first six
-// parameters as gemmq_actq's.
+// silu_mul's expression, U at the same stride. Launch kern.ActProLaunch
+// (fewer blocks a row for RMSNorm, each block's warps looping over the
+// row's blocks of 32: every block reads the whole row for its sum); the
+// first six parameters as gemmq_actq's.
 // The prologue of gemmq_actq_pro and gemmh_acth over row xr: gq_pro_inv
 // is RMSNorm's 1/rms for pro 1 (every thread of the block calls it: it
 // sums the row's squares with norm.cu's thread order and tree), else 0;
@@ -114,10 +116,11 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
-  if (b >= nb) return;  // uniform over the warp
-  const int i = b * 32 + lane;
-  const float v = gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus);
-  gq_quant32(v, lane, perm, XQ + (size_t)t * cols + b * 32, D + (size_t)t * nb + b);
+  for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
+    const int i = bb * 32 + lane;
+    const float v = gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus);
+    gq_quant32(v, lane, perm, XQ + (size_t)t * cols + bb * 32, D + (size_t)t * nb + bb);
+  }
 }
 
 // Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory.
@@ -1038,7 +1041,7 @@ GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
 //   - y = 2^E_o·Σ_k h(x_k)·w_k (f32 sums in the tensor cores) + bias.
 // Rounding: relative 2^-11 on each activation and weight (the int8 quants'
 // is ~2^-8 of the block's largest), f32 sums.
-// Launch: gemmh_acth as gemmq_actq, parameters (X, ldx, cols, XH, pro, U,
+// Launch: gemmh_acth as gemmq_actq_pro (kern.ActProLaunch), parameters (X, ldx, cols, XH, pro, U,
 // nw, eps, one_plus; pro 0 none, 1 RMSNorm, 3 SwiGLU); the tiles grid
 // (Σ⌈rows_j/128⌉, KS, ⌈T/BM⌉), block 256, dynamic shared memory
 // kern.GemmQTile.Shared, parameters (W0, W1, W2, rows0..2, cols, XH, Y,
@@ -1054,12 +1057,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
-  if (b >= nb) return;  // uniform over the warp
-  const int i = b * 32 + lane;
-  float v = gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus);
-  if (fabsf(v) > 65504.0f) v = copysignf(65504.0f, v);  // (a NaN fails the test and stays)
-  const int q = lane >> 3, m = lane & 7;
-  XH[(size_t)t * cols + b * 32 + 2 * q + (m >> 2) + 8 * (m & 3)] = __half_as_ushort(__float2half_rn(v));
+  for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
+    const int i = bb * 32 + lane;
+    gh_store(XH + (size_t)t * cols, i, gq_pro_val(xr[i], i, pro, inv, U + (size_t)t * ldx, nw, one_plus));
+  }
 }
 
 // c += A·B for A 16×16 f16 (row), B 16×8 f16 (col), f32.
