@@ -380,13 +380,14 @@ func gemmqWideStage(fam string, BM int) int {
 // and BN·8 code bytes (gemmq_small's layout).
 func (t GemmQTile) Shared(fam string) int {
 	if t.F16 {
-		// NS stages of BM f16 activation rows of 8·64+16 bytes, 128 weight
-		// rows of 8·16+16 and 128·8 code bytes, then the warps' rung pairs.
+		// NS stages of BM f16 activation rows of KG·64+16 bytes and 128
+		// weight rows of KG·16+16 (their code bytes in the padding), then
+		// each warp's rung pairs (KG groups × 16 or 32 rows).
 		rw := 16
 		if t.Split {
 			rw = 32
 		}
-		return t.NS*(t.BM*528+128*144+128*8) + 8*8*rw*4
+		return t.NS*(t.BM*(t.KG*64+16)+128*(t.KG*16+16)) + 8*t.KG*rw*4
 	}
 	if t.Wide() {
 		sh := t.NS * gemmqWideStage(fam, t.BM)
@@ -445,17 +446,21 @@ func wideTiles(fam string) []GemmQTile {
 	return ts
 }
 
-// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT; every KS).
-var gemmhWide = [][3]int{{16, 3, 1}, {32, 2, 1}, {64, 2, 1}, {32, 2, 2}, {64, 2, 2}}
+// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT, CG; every KS).
+var gemmhWide = [][4]int{{16, 3, 1, 8}, {32, 2, 1, 8}, {64, 2, 1, 8}, {32, 2, 2, 8}, {64, 2, 2, 8}, {64, 4, 1, 4}, {32, 4, 1, 4}}
 
-// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t]).
+// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t|c4]: KG
+// is their groups a stage, Split their token-split warps).
 func GemmHTiles() []GemmQTile {
 	var ts []GemmQTile
 	for _, bn := range gemmhWide {
 		for _, ks := range gemmqWideKS {
-			t := GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, F16: true, Split: bn[2] == 2}
+			t := GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, KG: bn[3], F16: true, Split: bn[2] == 2}
 			if t.Split {
 				t.Suffix += "t"
+			}
+			if t.KG == 4 {
+				t.Suffix += "c4"
 			}
 			ts = append(ts, t)
 		}
@@ -463,9 +468,13 @@ func GemmHTiles() []GemmQTile {
 	return ts
 }
 
-// gemmhSplit (CORTIQ_CUDA_GEMMH_SPLIT=1, read once) makes the half tiles
-// of 32 and 64 tokens the token-split ones (suffix t).
-var gemmhSplit = os.Getenv("CORTIQ_CUDA_GEMMH_SPLIT") == "1"
+// gemmhSplit (CORTIQ_CUDA_GEMMH_SPLIT=1) and gemmhCG4 (CORTIQ_CUDA_GEMMH_CG=4),
+// read once, make the half tiles of 33-64 tokens the token-split ones
+// (suffix t) or the ones of 4 groups a stage in a ring of 4 (c4).
+var (
+	gemmhSplit = os.Getenv("CORTIQ_CUDA_GEMMH_SPLIT") == "1"
+	gemmhCG4   = os.Getenv("CORTIQ_CUDA_GEMMH_CG") == "4"
+)
 
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
 // columns needs (its Quants): 2·T·cols bytes.
@@ -781,8 +790,11 @@ func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 		return nil, fmt.Errorf("kern: the half wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
 	}
 	suffix := strings.TrimSuffix(GemmQSuffix(fam, g.StackedRows(), g.Cols, T), "d") // no deep half tiles
-	if gemmhSplit && T > 16 {
+	switch {
+	case gemmhSplit && T > 16:
 		suffix += "t"
+	case gemmhCG4 && T > 16:
+		suffix += "c4"
 	}
 	if g.ForceTile {
 		suffix = g.Tile

@@ -1102,22 +1102,25 @@ __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e
 // WT: the warps split the tokens WT ways (1: a warp has all BM tokens and
 // 16 rows; 2: half the tokens and 32 rows, so each activation fragment is
 // loaded from shared memory by half as many warps and each weight is
-// expanded by two).
-template <int FT, int KS, int NS, int WT>
+// expanded by two). CG: groups of 32 a ring stage (8, or 4 for a deeper
+// ring in the same shared memory: more stages in flight).
+template <int FT, int KS, int NS, int WT, int CG>
 __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
                                            const float* __restrict__ b0, const float* __restrict__ b1,
                                            const float* __restrict__ b2, int accumulate) {
-  constexpr int CG = 8, BM = 16 * FT, BN = 128;
-  constexpr int FW = FT / WT, NT = 2 * WT, RW = 8 * NT, GPL = RW / 4;  // m tiles, n tiles, rows, rung groups a lane
+  constexpr int BM = 16 * FT, BN = 128;
+  constexpr int FW = FT / WT, NT = 2 * WT, RW = 8 * NT, GPL = CG * RW / 32;  // m tiles, n tiles, rows, rung groups a lane
+  constexpr int AU = CG * 4, AR = GQ_THREADS / AU;  // 16-byte activation units a row, rows a copy pass
   constexpr int LDA = CG * 64 + 16, LDB = CG * 16 + 16, LDR = BN + 4;
-  constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + BN * LDB, STAGE = OFF_C + BN * 8;
+  // A row's 8 code bytes sit in its weight row's 16 bytes of padding (at CG·16).
+  constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + CG * 16, STAGE = OFF_W + BN * LDB;
   constexpr int CWU = CG, UW = BN * CWU / GQ_THREADS;             // 16-byte weight units
   constexpr int UA = (BM * CG * 4 + GQ_THREADS - 1) / GQ_THREADS;  // 16-byte activation units
   static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "half wide tile layout");
   static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
-  static_assert((WT == 1 || WT == 2) && FT % WT == 0, "token split");
+  static_assert((WT == 1 || WT == 2) && FT % WT == 0 && (CG == 4 || CG == 8) && GPL >= 1, "token split, stage");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
   uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][RW] rung pairs
@@ -1136,7 +1139,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
   const size_t lad = (size_t)rows * gpr * 16, coff = lad + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
 
-  // Copy slots as the int8 wide tiles', activations 32 units a row.
+  // Copy slots as the int8 wide tiles', activations AU units a row.
   const int cw = tid % CWU, rw0 = tid / CWU, ow0 = min(o0 + rw0, rows - 1);
   const uint8_t* const srcW = W + (size_t)ow0 * gpr * 16 + (size_t)c0 * CG * 16 + cw * 16;
   int offW[UW];
@@ -1144,11 +1147,11 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   for (int j = 0; j < UW; j++) offW[j] = (min(o0 + rw0 + j * (GQ_THREADS / CWU), rows - 1) - ow0) * gpr * 16;
   const int dstW = OFF_W + rw0 * LDB + cw * 16;
   const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
-  const int ca = tid % 32, ra0 = tid / 32, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
+  const int ca = tid % AU, ra0 = tid / AU, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
   const uint8_t* const srcA = reinterpret_cast<const uint8_t*>(XH) + ((size_t)ta0 * cols + (size_t)c0 * CG * 32) * 2 + ca * 16;
   int offA[UA];
 #pragma unroll
-  for (int j = 0; j < UA; j++) offA[j] = (min(t0 + min(ra0 + 8 * j, BM - 1), T - 1) - ta0) * cols * 2;
+  for (int j = 0; j < UA; j++) offA[j] = (min(t0 + min(ra0 + AR * j, BM - 1), T - 1) - ta0) * cols * 2;
   const int dstA = ra0 * LDA + ca * 16;
   auto issueW = [&](int s) {
     uint8_t* st = sm + (s % NS) * STAGE;
@@ -1156,8 +1159,8 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const uint8_t* sw = srcW + (size_t)s * CG * 16;
 #pragma unroll
     for (int j = 0; j < UW; j++) gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? sw + offW[j] : W, ok);
-    const size_t a = ((cbase + 5 * (size_t)(c0 + s)) & ~(size_t)3) + 4 * (tid & 1);
-    uint8_t* dst = st + OFF_C + (tid >> 1) * 8 + 4 * (tid & 1);
+    const size_t a = ((cbase + 5 * CG * (size_t)(c0 + s) / 8) & ~(size_t)3) + 4 * (tid & 1);
+    uint8_t* dst = st + OFF_C + (tid >> 1) * LDB + 4 * (tid & 1);
     if (a + 4 <= wend) {
       gq_cp4(dst, W + a, true);
     } else {
@@ -1174,7 +1177,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
 #pragma unroll
     for (int j = 0; j < UA; j++)
       if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4)
-        gq_cp16(st + dstA + 8 * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
+        gq_cp16(st + dstA + AR * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
   };
   // Lane l's rung row wr + l%RW (groups GPL·(l/RW) ...): its ladder, 2^−E and code bytes.
   const int rr = lane % RW, rh = lane / RW;
@@ -1214,10 +1217,10 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const int gv = min(CG, nb - (c0 + s) * CG);
     uint32_t* wrb = rb + warp * CG * RW;
     {
-      const size_t p = rcode + 5 * (size_t)(c0 + s);
-      const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * 8);
+      const size_t pb = 5 * CG * (size_t)(c0 + s), p = rcode + pb / 8;  // the chunk's first code: bit pb of the row's codes
+      const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * LDB);
       const uint64_t win = (uint64_t)cwd.x | ((uint64_t)cwd.y << 32);
-      const int sh = (int)(p & 3) * 8;
+      const int sh = (int)(p & 3) * 8 + (int)(pb % 8);
 #pragma unroll
       for (int j = 0; j < GPL; j++) {
         const int kg = GPL * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
@@ -1228,7 +1231,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     }
     // Every group of the chunk (zeros past the slice: its activations and
     // rungs are zero).
-    constexpr int KU = FW * NT >= 8 ? 2 : 4;
+    constexpr int KU = FW * NT >= 8 ? 2 : CG < 4 ? CG : 4;
 #pragma unroll(KU)
     for (int kg = 0; kg < CG; kg++) {
       uint32_t fb[NT][4];
@@ -1315,18 +1318,20 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
       int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
       const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
-#define GEMMH_WIDE(name, FT, KS, NS, WT)                                                                          \
+#define GEMMH_WIDE(name, FT, KS, NS, WT, CG)                                                                      \
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
-    gemmh_wide<FT, KS, NS, WT>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate);     \
+    gemmh_wide<FT, KS, NS, WT, CG>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate); \
   }
-// BM, FT (BM = 16·FT), NS, WT; suffix t for WT = 2 (kern.GemmHTiles mirrors these).
-#define GEMMH_WIDE_KS(BM, FT, NS, WT, SFX)             \
-  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT) \
-  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT) \
-  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT) \
-  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT)
-GEMMH_WIDE_KS(16, 1, 3, 1, )
-GEMMH_WIDE_KS(32, 2, 2, 1, )
-GEMMH_WIDE_KS(64, 4, 2, 1, )
-GEMMH_WIDE_KS(32, 2, 2, 2, t)
-GEMMH_WIDE_KS(64, 4, 2, 2, t)
+// BM, FT (BM = 16·FT), NS, WT, CG; suffix t for WT = 2, c4 for CG = 4 (kern.GemmHTiles mirrors these).
+#define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, SFX)             \
+  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT, CG) \
+  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT, CG) \
+  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT, CG) \
+  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT, CG)
+GEMMH_WIDE_KS(16, 1, 3, 1, 8, )
+GEMMH_WIDE_KS(32, 2, 2, 1, 8, )
+GEMMH_WIDE_KS(64, 4, 2, 1, 8, )
+GEMMH_WIDE_KS(32, 2, 2, 2, 8, t)
+GEMMH_WIDE_KS(64, 4, 2, 2, 8, t)
+GEMMH_WIDE_KS(64, 4, 4, 1, 4, c4)
+GEMMH_WIDE_KS(32, 2, 4, 1, 4, c4)
