@@ -347,6 +347,20 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				xv[t][k] = float64(half.F16ToF32(binary.LittleEndian.Uint16(xh[2*(t*g.cols+k&^31+2*q+m>>2+8*(m&3)):])))
 			}
 		}
+		if hout, ldh := c.ptr(15), c.int(16); hout != 0 {
+			// SwiGLU mode: h = silu(gate)·up, rounded as gemmh_acth rounds, into hout.
+			xh := f.bytesAt(hout, 2*int64(g.T*ldh))
+			I := g.parts[0].rows
+			for t, row := range f.gemmValues("q4tph", g, xv) {
+				for o := range I {
+					gv, uv := float64(row[o]), float64(row[I+o])
+					h := float32(gv / (1 + math.Exp(-gv)) * uv)
+					m, q := o&7, (o&31)>>3
+					binary.LittleEndian.PutUint16(xh[2*(t*ldh+o&^31+2*q+m>>2+8*(m&3)):], half.F32ToF16(kern.GemmHActivation(h)))
+				}
+			}
+			break
+		}
 		f.gemmParts("q4tph", g, xv)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):
 		// Σ_k w[o,k]·q[t,k]·d[t,k/32] (q8_row: the int8 quants, the row
@@ -963,7 +977,8 @@ func TestParitySuiteNumericOnFake(t *testing.T) {
 // scale or stride shows as ≥1e-3. Then Options.F16Wide, where q4tp's
 // steps of 33 to 64 rows take the half wide tiles (gemmh_acth +
 // gemmh_q4tp_w*, which must have run, o_proj's on attn_tiles' f16 copy
-// with no gemmh_acth): q4tp within 3e-4 of the CPU (its activations
+// with no gemmh_acth, gate|up with SwiGLU in its epilogue writing down's
+// input): q4tp within 3e-4 of the CPU (its activations
 // rounded to f16, not to int8: ~1.5e-4 seen), the rest 1e-5.
 func TestParitySuiteNumericOnFakeMMQ(t *testing.T) {
 	for _, exact := range []bool{true, false} {
@@ -978,7 +993,7 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
 		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, F16Wide: !exact})
-		ran, ranB, fromAttn := 0, 0, 0
+		ran, ranB, fromAttn, swiglu := 0, 0, 0, 0
 		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
 			switch {
 			case k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP:
@@ -994,6 +1009,9 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 				}
 				if strings.HasPrefix(call.name, "gemmh_q4tp_w") {
 					ranB++
+					if call.ptr(15) != 0 {
+						swiglu++
+					}
 					if exact {
 						t.Errorf("%s / %s: %s ran without F16Wide", k.Name, name, call.name)
 					}
@@ -1022,8 +1040,8 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 		if ran == 0 {
 			t.Fatal("no int8 GEMM ran")
 		}
-		if !exact && (ranB == 0 || fromAttn == 0) {
-			t.Fatalf("half wide GEMMs: %d ran, %d on attn_tiles' f16 copy", ranB, fromAttn)
+		if !exact && (ranB == 0 || fromAttn == 0 || swiglu == 0) {
+			t.Fatalf("half wide GEMMs: %d ran, %d on attn_tiles' f16 copy, %d gate|up with SwiGLU", ranB, fromAttn, swiglu)
 		}
 	}
 }
@@ -1353,6 +1371,22 @@ func fakeGemmHArgs(c *fakeCall) fakeGemmQ {
 // in float64, + bias, =|+= Y, the tensors side by side.
 func (f *fakeGPU) gemmParts(fam string, g fakeGemmQ, xv [][]float64) {
 	y := f.view(g.y, int(rowsSpan(g.T, g.ldy, g.total())/4))
+	for t, row := range f.gemmValues(fam, g, xv) {
+		for c, v := range row {
+			if g.acc {
+				v += y.at(t*g.ldy + c)
+			}
+			y.set(t*g.ldy+c, v)
+		}
+	}
+}
+
+// gemmValues is gemmParts' Y before the accumulate: [t][column].
+func (f *fakeGPU) gemmValues(fam string, g fakeGemmQ, xv [][]float64) [][]float32 {
+	out := make([][]float32, g.T)
+	for t := range out {
+		out[t] = make([]float32, g.total())
+	}
 	col := 0
 	for _, p := range g.parts {
 		if p.rows == 0 {
@@ -1381,14 +1415,12 @@ func (f *fakeGPU) gemmParts(fam string, g fakeGemmQ, xv [][]float64) {
 				if b != nil {
 					v += b.at(o)
 				}
-				if g.acc {
-					v += y.at(t*g.ldy + col + o)
-				}
-				y.set(t*g.ldy+col+o, v)
+				out[t][col+o] = v
 			}
 		}
 		col += p.rows
 	}
+	return out
 }
 
 // TestParitySuiteNumericOnFakeKVF16: the parity suite on one fake device

@@ -853,7 +853,9 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	if g.F16 {
 		g.Quants = st.buf("xh16", kern.GemmHScratch(g.Cols, st.d.opt.MaxRows))
 		key = actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, pro: pro, ok: true}
-		name, gcfg, err = kern.GemmHLaunch(suffix, g.StackedRows(), rows)
+		name, gcfg, err = g.HalfLaunch(suffix, rows)
+	} else if g.SwiGLU != 0 {
+		err = fmt.Errorf("a SwiGLU epilogue on the int8 tiles")
 	} else {
 		nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
 		g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
@@ -917,6 +919,43 @@ func (st *state) halfInput(m *mat, rows int) driver.DevicePtr {
 		return 0
 	}
 	return st.buf("xh16", kern.GemmHScratch(m.cols, st.d.opt.MaxRows))
+}
+
+// gemmqHalfOn queues the half wide GEMM g over rows activation rows on
+// the f16 activations already in g.Quants (written by the producer: the
+// SwiGLU gate|up launch), with no gemmh_acth.
+func (st *state) gemmqHalfOn(g kern.GemmQ, dt quant.DType, rows int) {
+	if !st.halfGEMM(dt, rows) || g.Quants == 0 {
+		st.fail(fmt.Errorf("cuda: a half GEMM of %s over %d rows on ready activations", dt, rows))
+		return
+	}
+	g.F16 = true
+	f, err := kernelFormat(dt)
+	if err != nil {
+		st.fail(err)
+		return
+	}
+	name, gcfg, err := g.HalfLaunch(kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows), rows)
+	if err != nil {
+		st.fail(fmt.Errorf("cuda: %w", err))
+		return
+	}
+	g.PackWideF16(st.a(), rows)
+	st.launch(name, gcfg.Grid, gcfg.Block, gcfg.Shared)
+}
+
+// swigluHalf is the down projection's f16 input scratch when an MLP's
+// step of rows rows can run gate|up on the half wide tiles with SwiGLU in
+// their epilogue (kern.GemmQ.SwiGLU) and down on the half tiles from it,
+// else 0.
+func (st *state) swigluHalf(w *backend.MLP, rows int) driver.DevicePtr {
+	gate, up, dn := w.Gate.(*mat), w.Up.(*mat), w.Down.(*mat)
+	I := gate.rows
+	if !st.proFusable(rows, w.Gate, w.Up) || !st.proFusable(rows, w.Down) || !st.halfGEMM(gate.dt, rows) || up.rows != I || dn.cols != I ||
+		I%32 != 0 || st.halfInput(dn, rows) == 0 {
+		return 0
+	}
+	return st.buf("xh16h", kern.GemmHScratch(I, st.d.opt.MaxRows))
 }
 
 // stackable reports whether ms (q|k|v, gate|up) can run as one wide
@@ -1238,6 +1277,14 @@ func (st *state) MLP(w *backend.MLP) {
 	// SwiGLU in the down projection's prologue.
 	if st.fusable(w.Gate, w.Up) {
 		st.mvNorm([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, &w.Norm, R)
+	} else if hh := st.swigluHalf(w, R); hh != 0 {
+		// 33-64 rows on the half tiles: gate|up with the norm in its
+		// quantizer and SwiGLU in its epilogue writes down's f16 input.
+		gate, up, dn := w.Gate.(*mat), w.Up.(*mat), w.Down.(*mat)
+		st.gemmqPro(kern.GemmQ{W: gate.p, Rows: I, Cols: gate.cols, X: x, Ldx: H, Y: gu, Ldy: 2 * I, Bias: ptrOf(w.BGate),
+			More: []kern.GemmQPart{{W: up.p, Rows: I, Bias: ptrOf(w.BUp)}}, SwiGLU: hh, Ldh: I}, gate.dt, R, st.normPro(&w.Norm, H))
+		st.gemmqHalfOn(kern.GemmQ{W: dn.p, Rows: dn.rows, Cols: I, Quants: hh, Y: x, Ldy: H, Bias: ptrOf(w.BDown), Accumulate: true}, dn.dt, R)
+		return
 	} else if st.proFusable(R, w.Gate, w.Up) && w.Gate.(*mat).rows == I {
 		// 9-64 rows: gate|up in one launch, post_attention_layernorm in its quantizer.
 		st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, R, st.normPro(&w.Norm, H))

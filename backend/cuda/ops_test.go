@@ -65,8 +65,13 @@ type fakeGPU struct {
 	marks map[int]time.Duration
 	// lastActQ is the last gemmq_actq launched (a gemmq_* must read its quants).
 	lastActQ *fakeCall
-	// lastActH is the last gemmh_acth launched (a gemmh_* must read it).
-	lastActH *fakeCall
+	// halfIn is the last f16 activations a launch wrote for the half wide
+	// tiles (gemmh_acth, attn_tiles' copy, a SwiGLU gemmh_*): a gemmh_*
+	// must read them.
+	halfIn struct {
+		p       driver.DevicePtr
+		cols, T int
+	}
 }
 
 // The fake's device times (TestStepTimer).
@@ -283,9 +288,11 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 		q := c
 		f.lastActQ = &q
 	}
-	if name == "gemmh_acth" {
-		q := c
-		f.lastActH = &q
+	switch {
+	case name == "gemmh_acth":
+		f.halfIn.p, f.halfIn.cols, f.halfIn.T = c.ptr(3), c.int(2), int(c.cfg.Grid.Y)
+	case strings.HasPrefix(name, "attn_tiles") && c.ptr(16) != 0:
+		f.halfIn.p, f.halfIn.cols, f.halfIn.T = c.ptr(16), c.int(10)*c.int(12), int(c.cfg.Grid.Z)
 	}
 	if f.capturing {
 		f.captured = append(f.captured, c)
@@ -486,11 +493,18 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 				stacked.More = append(stacked.More, kern.GemmQPart{Rows: p.rows})
 			}
 		}
-		wantName, wcfg, err := kern.GemmHLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
+		hout, ldh := c.ptr(15), c.int(16)
+		stacked.SwiGLU, stacked.Ldh = hout, ldh
+		wantName, wcfg, err := stacked.HalfLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
 			want(ldy >= total && cols%32 == 0 && T <= 64, "ld"),
-			f.span("XB", gb.xq, kern.GemmHScratch(cols, T)), f.span("Y", gb.y, rowsSpan(T, ldy, total))}
+			f.span("XH", gb.xq, kern.GemmHScratch(cols, T))}
+		if hout != 0 {
+			errs = append(errs, want(c.int(14) == 0, "SwiGLU with accumulate"), f.span("hout", hout, kern.GemmHScratch(ldh, T)))
+		} else {
+			errs = append(errs, f.span("Y", gb.y, rowsSpan(T, ldy, total)))
+		}
 		for _, p := range gb.parts {
 			if p.rows > 0 {
 				errs = append(errs, want(p.w%16 == 0, "alignment"), f.span("W", p.w, weightBytes("q4tp", p.rows, cols)))
@@ -499,8 +513,11 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 				}
 			}
 		}
-		if f.lastActH == nil || f.lastActH.ptr(3) != gb.xq || f.lastActH.int(2) != cols || int(f.lastActH.cfg.Grid.Y) != T {
-			errs = append(errs, fmt.Errorf("not preceded by a gemmh_acth of its activations (%d rows × %d)", T, cols))
+		if f.halfIn.p != gb.xq || f.halfIn.cols != cols || f.halfIn.T != T {
+			errs = append(errs, fmt.Errorf("not preceded by a launch writing its f16 activations (%d rows × %d)", T, cols))
+		}
+		if hout != 0 {
+			f.halfIn.p, f.halfIn.cols, f.halfIn.T = hout, ldh, T
 		}
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "gemmq_") && !strings.HasPrefix(name, "gemmq_moe_"):

@@ -561,54 +561,140 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 // zero-centred) or SwiGLU in its quantizer (GemmQ.Pro: gemmq_actq_pro)
 // gives the same bits as rmsnorm or silu_mul into a buffer and then the
 // plain GEMM, q8_row and q4tp, T = 9, 33 and 64, on the wide tiles the
-// decode steps use.
+// decode steps use; so do the half wide tiles (GemmQ.F16: gemmh_acth's
+// prologues) for q4tp at T = 33 and 64; widths 1024 (the norm's one-pass
+// block a row) and 9216 (several blocks a row).
 func TestGPUActQuantPro(t *testing.T) {
 	g := newGPU(t)
 	r := rng(31)
-	const rows, cols, maxT = 256, 1024, 64
-	x := r.vec(maxT*2*cols, 1) // two halves a row: gate | up for SwiGLU
+	const rows, maxT = 256, 64
+	for _, cols := range []int{1024, 9216} { // one block a row for the norm; wider: several, each summing the row
+		x := r.vec(maxT*2*cols, 1) // two halves a row: gate | up for SwiGLU
+		nw := r.vec(cols, 0.5)
+		dx, dnw := g.f32(x), g.f32(nw)
+		dtmp := g.zeros(maxT * cols)
+		nq, ns := kern.GemmQScratch(cols, maxT)
+		dq, dd := g.upload(make([]byte, max(nq, kern.GemmHScratch(cols, maxT)))), g.upload(make([]byte, ns))
+		dy0, dy1 := g.zeros(maxT*rows), g.zeros(maxT*rows)
+		for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+			wb, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dw := g.upload(wb)
+			for _, half := range []bool{false, true} {
+				if half && dt != quant.Q4TP {
+					continue
+				}
+				for _, T := range []int{9, 33, 64} {
+					if half && T < 33 {
+						continue
+					}
+					for _, pro := range []int{kern.ProNorm, kern.ProNorm1, kern.ProSilu} {
+						fused := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dx, Ldx: 2 * cols, Quants: dq, Scales: dd, Y: dy1, Ldy: rows,
+							Pro: pro, ProU: dx.Add(4 * int64(cols)), ProW: dnw, ProEps: 1e-5, F16: half}
+						plain := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dtmp, Ldx: cols, Quants: dq, Scales: dd, Y: dy0, Ldy: rows, F16: half}
+						g.run(func(l *kern.Launcher) error {
+							var err error
+							if pro == kern.ProSilu {
+								err = l.SiluMul(dx, dx.Add(4*int64(cols)), 2*cols, dtmp, cols, cols, T)
+							} else {
+								err = l.RMSNorm(dx, 2*cols, dnw, dtmp, cols, cols, T, 1e-5, pro == kern.ProNorm1)
+							}
+							if err != nil {
+								return err
+							}
+							if err := l.GemmQ(dt, plain, T); err != nil {
+								return err
+							}
+							return l.GemmQ(dt, fused, T)
+						})
+						want, got := g.readF32(dy0, T*rows), g.readF32(dy1, T*rows)
+						nonzero := false
+						for i := range want {
+							if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+								t.Fatalf("%s cols %d half %v T%d prologue %d: y[%d] = %g fused, %g after the separate kernel", dt, cols, half, T, pro, i, got[i], want[i])
+							}
+							nonzero = nonzero || want[i] != 0
+						}
+						if !nonzero {
+							t.Fatalf("%s cols %d T%d prologue %d: all outputs zero", dt, cols, T, pro)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPUGemmHSwiGLU: gate|up on the half wide tiles with SwiGLU in the
+// epilogue (GemmQ.SwiGLU) writes the same f16 bits as gate|up into Y and
+// then gemmh_acth's SwiGLU prologue (the down projection's input), for
+// T = 33 and 64, rows 512 and 1088 (a partial 64-row block), every
+// 64-token tile forced (each cluster size, the token-split and 4-group
+// ones), with biases and the RMSNorm prologue on the input.
+func TestGPUGemmHSwiGLU(t *testing.T) {
+	g := newGPU(t)
+	r := rng(41)
+	const cols, maxT = 1024, 64
+	x := r.vec(maxT*cols, 1)
 	nw := r.vec(cols, 0.5)
 	dx, dnw := g.f32(x), g.f32(nw)
-	dtmp := g.zeros(maxT * cols)
-	nq, ns := kern.GemmQScratch(cols, maxT)
-	dq, dd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
-	dy0, dy1 := g.zeros(maxT*rows), g.zeros(maxT*rows)
-	for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
-		wb, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+	dq := g.upload(make([]byte, kern.GemmHScratch(cols, maxT)))
+	for _, I := range []int{512, 1088} {
+		var dws [2]driver.DevicePtr
+		var dbs [2]driver.DevicePtr
+		for j := range dws {
+			wb, err := quant.Encode(quant.Q4TP, r.vec(I*cols, 0.05), []int{I, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dws[j], dbs[j] = g.upload(wb), g.f32(r.vec(I, 0.1))
+		}
+		wd, err := quant.Encode(quant.Q4TP, r.vec(64*I, 0.05), []int{64, I}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dw := g.upload(wb)
-		for _, T := range []int{9, 33, 64} {
-			for _, pro := range []int{kern.ProNorm, kern.ProNorm1, kern.ProSilu} {
-				fused := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dx, Ldx: 2 * cols, Quants: dq, Scales: dd, Y: dy1, Ldy: rows,
-					Pro: pro, ProU: dx.Add(4 * cols), ProW: dnw, ProEps: 1e-5}
-				plain := kern.GemmQ{W: dw, Rows: rows, Cols: cols, X: dtmp, Ldx: cols, Quants: dq, Scales: dd, Y: dy0, Ldy: rows}
+		dwd := g.upload(wd)
+		dy := g.zeros(maxT * 2 * I)
+		dh0 := g.upload(make([]byte, kern.GemmHScratch(I, maxT)))
+		dh1 := g.upload(make([]byte, kern.GemmHScratch(I, maxT)))
+		for _, T := range []int{33, 64} {
+			tiles := []string{""}
+			for _, tl := range kern.GemmHTiles() {
+				if tl.BM == 64 {
+					tiles = append(tiles, tl.Suffix)
+				}
+			}
+			for _, tile := range tiles {
+				gu := kern.GemmQ{W: dws[0], Rows: I, Cols: cols, X: dx, Ldx: cols, Quants: dq, Y: dy, Ldy: 2 * I, Bias: dbs[0],
+					More: []kern.GemmQPart{{W: dws[1], Rows: I, Bias: dbs[1]}}, F16: true, Pro: kern.ProNorm, ProW: dnw, ProEps: 1e-5,
+					ForceTile: tile != "", Tile: tile}
+				fused := gu
+				fused.SwiGLU, fused.Ldh = dh1, I
+				// down's input the unfused way: gemmh_acth's SwiGLU prologue over Y (into dh0).
+				down := kern.GemmQ{W: dwd, Rows: 64, Cols: I, X: dy, Ldx: 2 * I, Quants: dh0, Y: g.zeros(maxT * 64), Ldy: 64, F16: true,
+					Pro: kern.ProSilu, ProU: dy.Add(4 * int64(I))}
 				g.run(func(l *kern.Launcher) error {
-					var err error
-					if pro == kern.ProSilu {
-						err = l.SiluMul(dx, dx.Add(4*cols), 2*cols, dtmp, cols, cols, T)
-					} else {
-						err = l.RMSNorm(dx, 2*cols, dnw, dtmp, cols, cols, T, 1e-5, pro == kern.ProNorm1)
-					}
-					if err != nil {
+					if err := l.GemmQ(quant.Q4TP, gu, T); err != nil {
 						return err
 					}
-					if err := l.GemmQ(dt, plain, T); err != nil {
+					if err := l.GemmQ(quant.Q4TP, down, T); err != nil { // (its product is not checked)
 						return err
 					}
-					return l.GemmQ(dt, fused, T)
+					return l.GemmQ(quant.Q4TP, fused, T)
 				})
-				want, got := g.readF32(dy0, T*rows), g.readF32(dy1, T*rows)
+				want, got := g.readBytes(dh0, 2*T*I), g.readBytes(dh1, 2*T*I)
 				nonzero := false
-				for i := range want {
-					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-						t.Fatalf("%s T%d prologue %d: y[%d] = %g fused, %g after the separate kernel", dt, T, pro, i, got[i], want[i])
+				for i := 0; i < len(want); i += 2 {
+					if want[i] != got[i] || want[i+1] != got[i+1] {
+						t.Fatalf("I %d T%d tile %q: h element %d is %#04x fused, %#04x through Y and gemmh_acth", I, T, tile, i/2,
+							uint16(got[i])|uint16(got[i+1])<<8, uint16(want[i])|uint16(want[i+1])<<8)
 					}
-					nonzero = nonzero || want[i] != 0
+					nonzero = nonzero || want[i] != 0 || want[i+1] != 0
 				}
 				if !nonzero {
-					t.Fatalf("%s T%d prologue %d: all outputs zero", dt, T, pro)
+					t.Fatalf("I %d T%d tile %q: h all zero", I, T, tile)
 				}
 			}
 		}

@@ -183,8 +183,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		want["gemmq_q4tp_w64k"+ks+"d"] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
 	}
 	for _, t := range GemmHTiles() {
-		// (W0, W1, W2, rows0..2, cols, XB, Y, ldy, T, b0..2, accumulate)
-		want["gemmh_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4}
+		// (W0, W1, W2, rows0..2, cols, XH, Y, ldy, T, b0..2, accumulate, hout, ldh)
+		want["gemmh_q4tp"+t.Suffix] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 4, 4, 8, 8, 8, 4, 8, 4}
 	}
 	for name, ps := range want {
 		k, ok := m.Kernel(name)

@@ -601,16 +601,25 @@ func ActQuantLaunch(cols, T int) driver.Config {
 
 // ActProLaunch is the launch of gemmq_actq_pro and gemmh_acth with
 // prologue pro over T rows of cols columns: ActQuantLaunch's, but for the
-// RMSNorm prologues, whose every block reads its whole row for the sum of
-// squares, only enough blocks a row for about two blocks an SM of the 132
-// (the warps loop over the row's blocks of 32).
+// RMSNorm prologues, whose every block needs its whole row for the sum of
+// squares, one block a row up to actProOnePass columns (the row read once,
+// into registers), and above that only enough blocks a row for about two
+// blocks an SM of the 132 (the warps loop over the row's blocks of 32).
 func ActProLaunch(cols, T, pro int) driver.Config {
 	c := ActQuantLaunch(cols, T)
-	if pro == ProNorm || pro == ProNorm1 {
+	switch {
+	case pro != ProNorm && pro != ProNorm1:
+	case cols <= actProOnePass:
+		c.Grid.X = 1
+	default:
 		c.Grid.X = uint32(min(int(c.Grid.X), max(1, (264+T-1)/T)))
 	}
 	return c
 }
+
+// actProOnePass is gemmq.cu's GQ_ONEPASS: the widest row an RMSNorm
+// prologue block holds in registers (256 threads × 32).
+const actProOnePass = 256 * 32
 
 // GemmQ is one int8 tensor-core GEMM: Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k]
 // (+bias[o]) over T activation rows, X quantized per block of 32
@@ -635,6 +644,13 @@ type GemmQ struct {
 	// Rows (then after Rows + More[0].Rows); only the wide tiles (T ≤ 64)
 	// take them.
 	More []GemmQPart
+	// SwiGLU (F16 only, g over gate and one more tensor, up, of as many
+	// rows, no accumulate): instead of writing Y, the launch writes
+	// h = silu(gate)·up as the half wide tiles' f16 activations (the order
+	// gemmh_acth writes, rows Ldh apart) at SwiGLU: the down projection's
+	// input, as Y then gemmh_acth's ProSilu would give it, bit for bit.
+	SwiGLU Ptr
+	Ldh    int
 	// ForceTile runs the tile of suffix Tile ("" the 128 × 128 one, "_t64",
 	// "_s16h", ...; GemmQTiles) instead of GemmQSuffix's choice (benchmarks
 	// and tests compare the tiles).
@@ -768,6 +784,20 @@ func GemmHLaunch(suffix string, rows, T int) (string, driver.Config, error) {
 	return "", driver.Config{}, fmt.Errorf("kern: no half gemm tile gemmh_q4tp%s", suffix)
 }
 
+// HalfLaunch is the launch of the half wide tile suffix for g over T
+// tokens (GemmHLaunch's; with SwiGLU, a block a 64 rows of gate and up).
+func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
+	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
+	if err != nil || g.SwiGLU == 0 {
+		return name, cfg, err
+	}
+	if len(g.More) != 1 || g.More[0].Rows != g.Rows || g.Accumulate || g.Ldh < g.Rows || g.Rows%32 != 0 {
+		return "", cfg, fmt.Errorf("kern: a SwiGLU half GEMM over gate and up of %d rows (%d more tensors, accumulate %v, ldh %d)", g.Rows, len(g.More), g.Accumulate, g.Ldh)
+	}
+	cfg.Grid.X = uint32((g.Rows + 63) / 64)
+	return name, cfg, nil
+}
+
 // PackF16 packs into a gemmh_acth's parameters for g with prologue pro
 // (ProPlain, ProNorm, ProNorm1: RMSNorm by w with eps; ProSilu: silu(X)·u).
 func (g GemmQ) PackF16(a *driver.Args, pro int, u, w Ptr, eps float32) *driver.Args {
@@ -782,7 +812,8 @@ func (g GemmQ) PackF16(a *driver.Args, pro int, u, w Ptr, eps float32) *driver.A
 func (g GemmQ) PackWideF16(a *driver.Args, T int) *driver.Args {
 	p := g.parts()
 	return a.Ptr(p[0].W).Ptr(p[1].W).Ptr(p[2].W).Int(p[0].Rows).Int(p[1].Rows).Int(p[2].Rows).Int(g.Cols).
-		Ptr(g.Quants).Ptr(g.Y).Int(g.Ldy).Int(T).Ptr(p[0].Bias).Ptr(p[1].Bias).Ptr(p[2].Bias).Int(b2i(g.Accumulate))
+		Ptr(g.Quants).Ptr(g.Y).Int(g.Ldy).Int(T).Ptr(p[0].Bias).Ptr(p[1].Bias).Ptr(p[2].Bias).Int(b2i(g.Accumulate)).
+		Ptr(g.SwiGLU).Int(g.Ldh)
 }
 
 func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
@@ -799,7 +830,7 @@ func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 	if g.ForceTile {
 		suffix = g.Tile
 	}
-	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
+	name, cfg, err := g.HalfLaunch(suffix, T)
 	if err != nil {
 		return nil, err
 	}

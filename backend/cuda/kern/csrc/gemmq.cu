@@ -83,9 +83,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
 // row's squares with norm.cu's thread order and tree, so the values equal
 // rmsnorm's bit for bit; pro 3 (silu) silu(X[t][i])·U[t][i] with
 // silu_mul's expression, U at the same stride. Launch kern.ActProLaunch
-// (fewer blocks a row for RMSNorm, each block's warps looping over the
-// row's blocks of 32: every block reads the whole row for its sum); the
-// first six parameters as gemmq_actq's.
+// (RMSNorm: a block a row, read once, gq_norm_onepass; rows wider than
+// GQ_ONEPASS on fewer blocks a row, each block's warps looping over the
+// row's blocks of 32 after summing the whole row); the first six
+// parameters as gemmq_actq's.
 // The prologue of gemmq_actq_pro and gemmh_acth over row xr: gq_pro_inv
 // is RMSNorm's 1/rms for pro 1 (every thread of the block calls it: it
 // sums the row's squares with norm.cu's thread order and tree), else 0;
@@ -106,6 +107,32 @@ __device__ __forceinline__ float gq_pro_val(float v, int i, int pro, float inv, 
   return v;
 }
 
+// The RMSNorm prologue in one pass, a block a row (kern.ActProLaunch's
+// grid.x 1, for cols ≤ GQ_ONEPASS): each thread keeps its elements i =
+// tid + 256·j in registers for the sum (norm.cu's order and tree, as
+// gq_pro_inv) and applies the norm to them after it, so the row is read
+// once; emit(i, value) per element (a warp's 32 are one block of 32).
+#define GQ_ONEPASS (GQ_THREADS * 32)
+template <class Emit>
+__device__ __forceinline__ void gq_norm_onepass(const float* __restrict__ xr, int cols, const float* __restrict__ nw, float eps,
+                                                int one_plus, double* sh, Emit emit) {
+  float v[32];
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < 32; j++) {
+    const int i = threadIdx.x + GQ_THREADS * j;
+    v[j] = i < cols ? xr[i] : 0.0f;
+    if (i < cols) ss += (double)v[j] * (double)v[j];
+  }
+  ss = block_sum_d(ss, sh);
+  const float inv = rms_inv(ss, cols, eps);
+#pragma unroll
+  for (int j = 0; j < 32; j++) {
+    const int i = threadIdx.x + GQ_THREADS * j;
+    if (i < cols) emit(i, rms_apply(v[j], inv, nw[i], one_plus));  // uniform over the warp: cols % 32 == 0
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     gemmq_actq_pro(const float* __restrict__ X, int ldx, int cols, int8_t* __restrict__ XQ, float* __restrict__ D, int perm,
                    int pro, const float* __restrict__ U, const float* __restrict__ nw, float eps, int one_plus) {
@@ -115,6 +142,12 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
+  if (pro == 1 && gridDim.x == 1 && cols <= GQ_ONEPASS) {
+    gq_norm_onepass(xr, cols, nw, eps, one_plus, sh, [&](int i, float v) {
+      gq_quant32(v, lane, perm, XQ + (size_t)t * cols + (i & ~31), D + (size_t)t * nb + (i >> 5));
+    });
+    return;
+  }
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
   for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
     const int i = bb * 32 + lane;
@@ -1045,7 +1078,7 @@ GEMMQ_WIDE_KS(q8row, GQWQ8, 64, 4, 2)
 // nw, eps, one_plus; pro 0 none, 1 RMSNorm, 3 SwiGLU); the tiles grid
 // (Σ⌈rows_j/128⌉, KS, ⌈T/BM⌉), block 256, dynamic shared memory
 // kern.GemmQTile.Shared, parameters (W0, W1, W2, rows0..2, cols, XH, Y,
-// ldy, T, b0..2, accumulate).
+// ldy, T, b0..2, accumulate, hout, ldh; hout null but in SwiGLU mode).
 
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     gemmh_acth(const float* __restrict__ X, int ldx, int cols, uint16_t* __restrict__ XH, int pro,
@@ -1056,6 +1089,10 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
+  if (pro == 1 && gridDim.x == 1 && cols <= GQ_ONEPASS) {
+    gq_norm_onepass(xr, cols, nw, eps, one_plus, sh, [&](int i, float v) { gh_store(XH + (size_t)t * cols, i, v); });
+    return;
+  }
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
   for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
     const int i = bb * 32 + lane;
@@ -1104,12 +1141,23 @@ __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e
 // loaded from shared memory by half as many warps and each weight is
 // expanded by two). CG: groups of 32 a ring stage (8, or 4 for a deeper
 // ring in the same shared memory: more stages in flight).
+// hout, when not null (SwiGLU mode; W0 gate and W1 up of rows0 = rows1
+// rows, no W2, no accumulate): a block takes rows o0..o0+63 of both (its
+// block rows 0-63 gate's, 64-127 up's; grid.x ⌈rows0/64⌉) and writes
+// h = silu(gate)·up, rounded as gemmh_acth rounds, into hout (rows ldh
+// apart, gemmh_acth's order) instead of Y: the down projection's half
+// GEMM input, with the arithmetic of Y then gemmh_acth's SwiGLU prologue.
+__device__ __forceinline__ float gh_out(float sum, float p2, const float* __restrict__ bias, int o) {
+  return __fadd_rn(__fmul_rn(sum, p2), bias ? bias[o] : 0.0f);  // 2^E·Σ + bias, never contracted
+}
+
 template <int FT, int KS, int NS, int WT, int CG>
 __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
                                            const float* __restrict__ b0, const float* __restrict__ b1,
-                                           const float* __restrict__ b2, int accumulate) {
+                                           const float* __restrict__ b2, int accumulate, uint16_t* __restrict__ hout,
+                                           int ldh) {
   constexpr int BM = 16 * FT, BN = 128;
   constexpr int FW = FT / WT, NT = 2 * WT, RW = 8 * NT, GPL = CG * RW / 32;  // m tiles, n tiles, rows, rung groups a lane
   constexpr int AU = CG * 4, AR = GQ_THREADS / AU;  // 16-byte activation units a row, rows a copy pass
@@ -1126,13 +1174,17 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][RW] rung pairs
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
-  const int n0 = (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
+  const bool pair = hout != nullptr;
+  const int n0 = pair ? 1 << 30 : (rows0 + BN - 1) / BN, n1 = (rows1 + BN - 1) / BN, bx = blockIdx.x;
   const int seg = bx < n0 ? 0 : bx < n0 + n1 ? 1 : 2;
   const uint8_t* __restrict__ W = seg == 0 ? W0 : seg == 1 ? W1 : W2;
   const int rows = seg == 0 ? rows0 : seg == 1 ? rows1 : rows2;
   const float* __restrict__ bias = seg == 0 ? b0 : seg == 1 ? b1 : b2;
   const int ycol = seg == 0 ? 0 : seg == 1 ? rows0 : rows0 + rows1;
-  const int o0 = (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
+  const int o0 = pair ? bx * (BN / 2) : (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
+  // Block row r: its tensor (SwiGLU mode: up's from 64) and row there.
+  auto tens = [&](int r) { return pair && r >= BN / 2 ? W1 : W; };
+  auto trow = [&](int r) { return min(o0 + (pair ? r & (BN / 2 - 1) : r), rows - 1); };
   const int wr = RW * (warp % (8 / WT)), tw = 16 * FW * (warp / (8 / WT));  // the warp's rows and tokens
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
   const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;
@@ -1140,13 +1192,15 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const size_t lad = (size_t)rows * gpr * 16, coff = lad + (size_t)rows * 4, wend = coff + (size_t)rows * cbytes;
 
   // Copy slots as the int8 wide tiles', activations AU units a row.
-  const int cw = tid % CWU, rw0 = tid / CWU, ow0 = min(o0 + rw0, rows - 1);
+  const int cw = tid % CWU, rw0 = tid / CWU, ow0 = trow(rw0);
   const uint8_t* const srcW = W + (size_t)ow0 * gpr * 16 + (size_t)c0 * CG * 16 + cw * 16;
+  const uint8_t* const srcW1 = pair ? W1 + (srcW - W) : srcW;  // SwiGLU mode: up's rows (the same offsets)
   int offW[UW];
 #pragma unroll
-  for (int j = 0; j < UW; j++) offW[j] = (min(o0 + rw0 + j * (GQ_THREADS / CWU), rows - 1) - ow0) * gpr * 16;
+  for (int j = 0; j < UW; j++) offW[j] = (trow(rw0 + j * (GQ_THREADS / CWU)) - ow0) * gpr * 16;
   const int dstW = OFF_W + rw0 * LDB + cw * 16;
-  const size_t cbase = coff + (size_t)min(o0 + (tid >> 1), rows - 1) * cbytes;
+  const uint8_t* __restrict__ const Wc = tens(tid >> 1);  // this thread's code row's tensor
+  const size_t cbase = coff + (size_t)trow(tid >> 1) * cbytes;
   const int ca = tid % AU, ra0 = tid / AU, ta0 = min(t0 + min(ra0, BM - 1), T - 1);
   const uint8_t* const srcA = reinterpret_cast<const uint8_t*>(XH) + ((size_t)ta0 * cols + (size_t)c0 * CG * 32) * 2 + ca * 16;
   int offA[UA];
@@ -1158,15 +1212,18 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const bool ok = (c0 + s) * CG + cw < nb;
     const uint8_t* sw = srcW + (size_t)s * CG * 16;
 #pragma unroll
-    for (int j = 0; j < UW; j++) gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? sw + offW[j] : W, ok);
+    for (int j = 0; j < UW; j++) {
+      const uint8_t* base = rw0 + j * (GQ_THREADS / CWU) >= BN / 2 ? srcW1 + (size_t)s * CG * 16 : sw;
+      gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? base + offW[j] : W, ok);
+    }
     const size_t a = ((cbase + 5 * CG * (size_t)(c0 + s) / 8) & ~(size_t)3) + 4 * (tid & 1);
     uint8_t* dst = st + OFF_C + (tid >> 1) * LDB + 4 * (tid & 1);
     if (a + 4 <= wend) {
-      gq_cp4(dst, W + a, true);
+      gq_cp4(dst, Wc + a, true);
     } else {
       uint32_t v = 0;
       for (int e = 0; e < 4; e++)
-        if (a + e < wend) v |= (uint32_t)W[a + e] << (8 * e);
+        if (a + e < wend) v |= (uint32_t)Wc[a + e] << (8 * e);
       *reinterpret_cast<uint32_t*>(dst) = v;
     }
   };
@@ -1181,8 +1238,9 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   };
   // Lane l's rung row wr + l%RW (groups GPL·(l/RW) ...): its ladder, 2^−E and code bytes.
   const int rr = lane % RW, rh = lane / RW;
-  const int orr = min(o0 + wr + rr, rows - 1);
-  const uint16_t la = ld_u16(W + lad + 4 * (size_t)orr), lb = ld_u16(W + lad + 4 * (size_t)orr + 2);
+  const int orr = trow(wr + rr);
+  const uint8_t* __restrict__ const Wl = tens(wr + rr);
+  const uint16_t la = ld_u16(Wl + lad + 4 * (size_t)orr), lb = ld_u16(Wl + lad + 4 * (size_t)orr + 2);
   const float unexp = gh_pow2(-gh_rowexp(la, lb));
   const size_t rcode = coff + (size_t)orr * cbytes;
 
@@ -1269,36 +1327,63 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     gq_cluster_sync();
   else
     __syncthreads();
-  constexpr int P = BM * (BN / 4) / KS;
-#pragma unroll 1
-  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
-    const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
-    const float* src = red + tl * LDR + ol;
-    float4 sum = KS > 1 ? gq_ld_cluster4(src, 0) : *reinterpret_cast<const float4*>(src);
+  // The cluster's partials of the float4 at p, added in rank order.
+  auto csum = [&](const float* p) {
+    float4 sum = KS > 1 ? gq_ld_cluster4(p, 0) : *reinterpret_cast<const float4*>(p);
 #pragma unroll
     for (int k = 1; k < KS; k++) {
-      const float4 x = gq_ld_cluster4(src, k);
+      const float4 x = gq_ld_cluster4(p, k);
       sum.x += x.x;
       sum.y += x.y;
       sum.z += x.z;
       sum.w += x.w;
     }
+    return sum;
+  };
+  auto pow2 = [&](const uint8_t* Wt, int o) {
+    const int oe = min(o, rows - 1);
+    return gh_pow2(gh_rowexp(ld_u16(Wt + lad + 4 * (size_t)oe), ld_u16(Wt + lad + 4 * (size_t)oe + 2)));
+  };
+  if (pair) {
+    // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 64 outputs.
+    constexpr int P = BM * (BN / 8) / KS;
+#pragma unroll 1
+    for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+      const int tl = v / (BN / 8), ol = (v % (BN / 8)) * 4, t = t0 + tl;
+      const float4 g4v = csum(red + tl * LDR + ol), u4v = csum(red + tl * LDR + BN / 2 + ol);
+      if (t >= T) continue;
+      const float gs[4] = {g4v.x, g4v.y, g4v.z, g4v.w}, us[4] = {u4v.x, u4v.y, u4v.z, u4v.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int o = o0 + ol + e;
+        if (o >= rows) continue;
+        const float g = gh_out(gs[e], pow2(W0, o), b0, o), u = gh_out(us[e], pow2(W1, o), b1, o);
+        gh_store(hout + (size_t)t * ldh, o, g / (1.0f + expf(-g)) * u);  // gq_pro_val's SwiGLU
+      }
+    }
+    if (KS > 1) gq_cluster_sync();
+    return;
+  }
+  // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 128 tile,
+  // adding the KS partials in rank order.
+  constexpr int P = BM * (BN / 4) / KS;
+#pragma unroll 1
+  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+    const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
+    const float4 sum = csum(red + tl * LDR + ol);
     if (t >= T) continue;
     float sv[4] = {sum.x, sum.y, sum.z, sum.w};
     const int o = o0 + ol;
     float* y = Y + (size_t)t * ldy + ycol + o;
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      const int oe = min(o + e, rows - 1);
-      sv[e] *= gh_pow2(gh_rowexp(ld_u16(W + lad + 4 * (size_t)oe), ld_u16(W + lad + 4 * (size_t)oe + 2)));
-    }
+    for (int e = 0; e < 4; e++) sv[e] = gh_out(sv[e], pow2(W, o + e), o + e < rows ? bias : nullptr, o + e);
     if (o + 3 < rows && aligned16(y)) {
-      float4 prev = accumulate ? *reinterpret_cast<const float4*>(y) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      const float pv[4] = {prev.x, prev.y, prev.z, prev.w};
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        sv[e] += bias ? bias[o + e] : 0.0f;
-        if (accumulate) sv[e] += pv[e];
+      if (accumulate) {
+        const float4 prev = *reinterpret_cast<const float4*>(y);
+        sv[0] += prev.x;
+        sv[1] += prev.y;
+        sv[2] += prev.z;
+        sv[3] += prev.w;
       }
       *reinterpret_cast<float4*>(y) = make_float4(sv[0], sv[1], sv[2], sv[3]);
       continue;
@@ -1306,9 +1391,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       if (o + e >= rows) continue;
-      float val = sv[e] + (bias ? bias[o + e] : 0.0f);
-      if (accumulate) val += y[e];
-      y[e] = val;
+      y[e] = accumulate ? sv[e] + y[e] : sv[e];
     }
   }
   if (KS > 1) gq_cluster_sync();
@@ -1317,10 +1400,11 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
 #define GEMMH_PARAMS                                                                                              \
   const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, const uint8_t *__restrict__ W2, int rows0, int rows1, \
       int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
-      const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate
+      const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate,       \
+      uint16_t *__restrict__ hout, int ldh
 #define GEMMH_WIDE(name, FT, KS, NS, WT, CG)                                                                      \
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
-    gemmh_wide<FT, KS, NS, WT, CG>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate); \
+    gemmh_wide<FT, KS, NS, WT, CG>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh); \
   }
 // BM, FT (BM = 16·FT), NS, WT, CG; suffix t for WT = 2, c4 for CG = 4 (kern.GemmHTiles mirrors these).
 #define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, SFX)             \
