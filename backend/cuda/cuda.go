@@ -86,7 +86,7 @@ type Options struct {
 	// float32 rounding). Tensors whose width is not whole blocks of 32
 	// always take the bf16 GEMM.
 	NoMMQ bool
-	// F16Wide runs q4tp's batched-decode steps (9 to 64 rows) on the half
+	// F16Wide runs q4tp's batched-decode steps of 33 to 64 rows on the half
 	// wide tiles (kern.GemmQ.F16: activations and weights — each group's
 	// rung folded in — rounded to f16, f32 sums: closer to exact arithmetic
 	// than the int8 quants, but not the CPU's rule) instead of the int8

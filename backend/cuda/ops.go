@@ -853,7 +853,7 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 	if g.F16 {
 		g.Quants = st.buf("xh16", kern.GemmHScratch(g.Cols, st.d.opt.MaxRows))
 		key = actqKey{x: g.X, xq: g.Quants, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: -1, pro: pro, ok: true}
-		name, gcfg, err = g.HalfLaunch(suffix, rows)
+		name, gcfg, err = g.HalfLaunch(kern.GemmHSuffix(g.StackedRows(), g.Cols, rows), rows)
 	} else if g.SwiGLU != 0 {
 		err = fmt.Errorf("a SwiGLU epilogue on the int8 tiles")
 	} else {
@@ -930,12 +930,7 @@ func (st *state) gemmqHalfOn(g kern.GemmQ, dt quant.DType, rows int) {
 		return
 	}
 	g.F16 = true
-	f, err := kernelFormat(dt)
-	if err != nil {
-		st.fail(err)
-		return
-	}
-	name, gcfg, err := g.HalfLaunch(kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows), rows)
+	name, gcfg, err := g.HalfLaunch(kern.GemmHSuffix(g.StackedRows(), g.Cols, rows), rows)
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: %w", err))
 		return

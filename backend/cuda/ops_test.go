@@ -495,7 +495,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		}
 		hout, ldh := c.ptr(15), c.int(16)
 		stacked.SwiGLU, stacked.Ldh = hout, ldh
-		wantName, wcfg, err := stacked.HalfLaunch(kern.GemmQSuffix("q4tp", stacked.StackedRows(), cols, T), T)
+		wantName, wcfg, err := stacked.HalfLaunch(kern.GemmHSuffix(stacked.StackedRows(), cols, T), T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
 			want(ldy >= total && cols%32 == 0 && T <= 64, "ld"),

@@ -25,14 +25,14 @@ func GemmHActivation(x float32) float32 {
 }
 
 // GemmHRowExp is E of a q4tp row's ladder (a, b): ⌈max(a, a + 31·b)⌉ in
-// float32, within [−126, 127], 0 for a NaN (gemmq.cu's gh_rowexp).
+// float32, within [−126, 126], 0 for a NaN (gemmq.cu's gh_rowexp).
 func GemmHRowExp(ah, bh uint16) int {
 	a, b := half.F16ToF32(ah), half.F16ToF32(bh)
 	e := math.Ceil(float64(max(a, a+float32(31*b))))
 	if math.IsNaN(e) {
 		return 0
 	}
-	return int(min(max(e, -126), 127))
+	return int(min(max(e, -126), 126))
 }
 
 // GemmHWeights returns the weights the half wide tiles multiply by for a

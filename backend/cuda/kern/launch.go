@@ -749,6 +749,9 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if g.F16 {
 		return g.f16Calls(fam, T)
 	}
+	if g.SwiGLU != 0 {
+		return nil, fmt.Errorf("kern: a SwiGLU epilogue on the int8 gemm (only the half wide tiles have it)")
+	}
 	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
 	if g.ForceTile {
 		suffix = g.Tile
@@ -784,8 +787,24 @@ func GemmHLaunch(suffix string, rows, T int) (string, driver.Config, error) {
 	return "", driver.Config{}, fmt.Errorf("kern: no half gemm tile gemmh_q4tp%s", suffix)
 }
 
+// GemmHSuffix is the half wide tile for rows stacked weight rows, cols
+// columns and T tokens: GemmQSuffix's int8 pick (no deep half tiles), or
+// with CORTIQ_CUDA_GEMMH_SPLIT=1 / CORTIQ_CUDA_GEMMH_CG=4 its token-split
+// or 4-group variant at more than 16 tokens.
+func GemmHSuffix(rows, cols, T int) string {
+	suffix := strings.TrimSuffix(GemmQSuffix("q4tp", rows, cols, T), "d")
+	switch {
+	case gemmhSplit && T > 16:
+		suffix += "t"
+	case gemmhCG4 && T > 16:
+		suffix += "c4"
+	}
+	return suffix
+}
+
 // HalfLaunch is the launch of the half wide tile suffix for g over T
-// tokens (GemmHLaunch's; with SwiGLU, a block a 64 rows of gate and up).
+// tokens (GemmHLaunch's; with SwiGLU, a block takes 64 rows of gate and
+// the same 64 of up).
 func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
 	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
 	if err != nil || g.SwiGLU == 0 {
@@ -820,13 +839,7 @@ func (g GemmQ) f16Calls(fam string, T int) ([]call, error) {
 	if fam != "q4tp" || T > 64 {
 		return nil, fmt.Errorf("kern: the half wide GEMM takes q4tp over at most 64 rows, not %s over %d", fam, T)
 	}
-	suffix := strings.TrimSuffix(GemmQSuffix(fam, g.StackedRows(), g.Cols, T), "d") // no deep half tiles
-	switch {
-	case gemmhSplit && T > 16:
-		suffix += "t"
-	case gemmhCG4 && T > 16:
-		suffix += "c4"
-	}
+	suffix := GemmHSuffix(g.StackedRows(), g.Cols, T)
 	if g.ForceTile {
 		suffix = g.Tile
 	}

@@ -1128,11 +1128,12 @@ __device__ __forceinline__ void gh_word(uint32_t x, uint32_t r2, uint32_t (&w)[4
 #pragma unroll
   for (int m = 0; m < 4; m++) asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(w[m]) : "r"(d[m]), "r"(r2));
 }
-// E_o of row o's ladder (a, b): ⌈max(a, a + 31·b)⌉, within [−126, 127].
+// E_o of row o's ladder (a, b): ⌈max(a, a + 31·b)⌉, within [−126, 126]
+// (so that 2^E and 2^−E are both normal floats).
 __device__ __forceinline__ int gh_rowexp(uint16_t ah, uint16_t bh) {
   const float a = f16_to_f32(ah), b = f16_to_f32(bh);
   const float e = ceilf(fmaxf(a, __fadd_rn(a, __fmul_rn(31.0f, b))));
-  return e != e ? 0 : (int)fminf(fmaxf(e, -126.0f), 127.0f);
+  return e != e ? 0 : (int)fminf(fmaxf(e, -126.0f), 126.0f);
 }
 __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e) << 23); }  // 2^e, e in [−126, 127]
 
