@@ -562,13 +562,12 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 // gives the same bits as rmsnorm or silu_mul into a buffer and then the
 // plain GEMM, q8_row and q4tp, T = 9, 33 and 64, on the wide tiles the
 // decode steps use; so do the half wide tiles (GemmQ.F16: gemmh_acth's
-// prologues) for q4tp at T = 33 and 64; widths 1024 (the norm's one-pass
-// block a row) and 9216 (several blocks a row).
+// prologues) for q4tp at T = 33 and 64; widths 1024 and 9216.
 func TestGPUActQuantPro(t *testing.T) {
 	g := newGPU(t)
 	r := rng(31)
 	const rows, maxT = 256, 64
-	for _, cols := range []int{1024, 9216} { // one block a row for the norm; wider: several, each summing the row
+	for _, cols := range []int{1024, 9216} {
 		x := r.vec(maxT*2*cols, 1) // two halves a row: gate | up for SwiGLU
 		nw := r.vec(cols, 0.5)
 		dx, dnw := g.f32(x), g.f32(nw)

@@ -83,10 +83,9 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS) gemmq_actq(const float*
 // row's squares with norm.cu's thread order and tree, so the values equal
 // rmsnorm's bit for bit; pro 3 (silu) silu(X[t][i])·U[t][i] with
 // silu_mul's expression, U at the same stride. Launch kern.ActProLaunch
-// (RMSNorm: a block a row, read once, gq_norm_onepass; rows wider than
-// GQ_ONEPASS on fewer blocks a row, each block's warps looping over the
-// row's blocks of 32 after summing the whole row); the first six
-// parameters as gemmq_actq's.
+// (RMSNorm: fewer blocks a row, each block's warps looping over the row's
+// blocks of 32 after summing the whole row); the first six parameters as
+// gemmq_actq's.
 // The prologue of gemmq_actq_pro and gemmh_acth over row xr: gq_pro_inv
 // is RMSNorm's 1/rms for pro 1 (every thread of the block calls it: it
 // sums the row's squares with norm.cu's thread order and tree), else 0;
@@ -107,32 +106,6 @@ __device__ __forceinline__ float gq_pro_val(float v, int i, int pro, float inv, 
   return v;
 }
 
-// The RMSNorm prologue in one pass, a block a row (kern.ActProLaunch's
-// grid.x 1, for cols ≤ GQ_ONEPASS): each thread keeps its elements i =
-// tid + 256·j in registers for the sum (norm.cu's order and tree, as
-// gq_pro_inv) and applies the norm to them after it, so the row is read
-// once; emit(i, value) per element (a warp's 32 are one block of 32).
-#define GQ_ONEPASS (GQ_THREADS * 32)
-template <class Emit>
-__device__ __forceinline__ void gq_norm_onepass(const float* __restrict__ xr, int cols, const float* __restrict__ nw, float eps,
-                                                int one_plus, double* sh, Emit emit) {
-  float v[32];
-  double ss = 0.0;
-#pragma unroll
-  for (int j = 0; j < 32; j++) {
-    const int i = threadIdx.x + GQ_THREADS * j;
-    v[j] = i < cols ? xr[i] : 0.0f;
-    if (i < cols) ss += (double)v[j] * (double)v[j];
-  }
-  ss = block_sum_d(ss, sh);
-  const float inv = rms_inv(ss, cols, eps);
-#pragma unroll
-  for (int j = 0; j < 32; j++) {
-    const int i = threadIdx.x + GQ_THREADS * j;
-    if (i < cols) emit(i, rms_apply(v[j], inv, nw[i], one_plus));  // uniform over the warp: cols % 32 == 0
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(GQ_THREADS)
     gemmq_actq_pro(const float* __restrict__ X, int ldx, int cols, int8_t* __restrict__ XQ, float* __restrict__ D, int perm,
                    int pro, const float* __restrict__ U, const float* __restrict__ nw, float eps, int one_plus) {
@@ -142,12 +115,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
-  if (pro == 1 && gridDim.x == 1 && cols <= GQ_ONEPASS) {
-    gq_norm_onepass(xr, cols, nw, eps, one_plus, sh, [&](int i, float v) {
-      gq_quant32(v, lane, perm, XQ + (size_t)t * cols + (i & ~31), D + (size_t)t * nb + (i >> 5));
-    });
-    return;
-  }
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
   for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
     const int i = bb * 32 + lane;
@@ -1089,10 +1056,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   const int b = blockIdx.x * (GQ_THREADS / 32) + (threadIdx.x >> 5), t = blockIdx.y;
   pdl_wait();
   const float* xr = X + (size_t)t * ldx;
-  if (pro == 1 && gridDim.x == 1 && cols <= GQ_ONEPASS) {
-    gq_norm_onepass(xr, cols, nw, eps, one_plus, sh, [&](int i, float v) { gh_store(XH + (size_t)t * cols, i, v); });
-    return;
-  }
   const float inv = gq_pro_inv(xr, cols, pro, eps, sh);
   for (int bb = b; bb < nb; bb += gridDim.x * (GQ_THREADS / 32)) {  // uniform over the warp
     const int i = bb * 32 + lane;
