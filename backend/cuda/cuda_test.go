@@ -94,11 +94,12 @@ func TestGPUParityKVF16(t *testing.T) {
 }
 
 // TestGPUParityF16Wide: the parity suite with Options.F16Wide, where
-// q4tp's steps of 9 to 64 rows take the bf16 wide tiles (bf16
-// activations, exact weights: kern.GemmQ.F16) and the rest the int8
-// GEMM: q4tp held to TestGPUParityBF16GEMM's 3e-4 (the CPU rounds
-// activations to int8 per block of 32, this path to bf16), the other
-// quantized formats to 1e-5.
+// q4tp's steps of 33 to 64 rows take the half wide tiles (f16
+// activations and weights: kern.GemmQ.F16, with attn_tiles' f16 copy for
+// o_proj and SwiGLU in gate|up's epilogue) and the rest the int8 GEMM:
+// q4tp held to TestGPUParityBF16GEMM's 3e-4 (the CPU rounds activations
+// to int8 per block of 32, this path to f16), the other quantized formats
+// to 1e-5.
 func TestGPUParityF16Wide(t *testing.T) {
 	parityAgainstCPU(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, F16Wide: true}, 1e-5, 3e-4)
 }

@@ -49,7 +49,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 				add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
 					Y: 0x5000, Ldy: 130, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
 			}
-			if d == quant.Q4TP { // the bf16 wide tiles: each forced
+			if d == quant.Q4TP { // the half wide tiles: each forced
 				for _, tl := range GemmHTiles() {
 					add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Y: 0x5000, Ldy: 130,
 						F16: true, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
