@@ -214,11 +214,7 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 								return err
 							}
 							c.MemsetD8(w, 0x11, nb) // finite weights in every format
-							x, _ = c.Alloc(4 * int64(T*cols))
-							y, _ = c.Alloc(4 * int64(T*rows))
-							q, _ = c.Alloc(max(nq, kern.GemmHScratch(cols, T)))
-							s, _ = c.Alloc(ns)
-							c.MemsetD32(x, 0x3c000000, int64(T*cols))
+							x, y, q, s = gemmBenchBufs(c, T, rows, cols, nq, ns)
 							return queue(c) // warm-up
 						})
 						defer d.Do(func(c *driver.Ctx) error {
@@ -469,6 +465,18 @@ func TestGPUGemmHParity(t *testing.T) {
 	}
 }
 
+// gemmBenchBufs allocates the GEMM benchmarks' activations x (T×cols, all
+// 1/128), output y (T×rows), quant scratch q (int8 or f16, whichever is
+// larger) and scales s.
+func gemmBenchBufs(c *driver.Ctx, T, rows, cols int, nq, ns int64) (x, y, q, s driver.DevicePtr) {
+	x, _ = c.Alloc(4 * int64(T*cols))
+	y, _ = c.Alloc(4 * int64(T*rows))
+	q, _ = c.Alloc(max(nq, kern.GemmHScratch(cols, T)))
+	s, _ = c.Alloc(ns)
+	c.MemsetD32(x, 0x3c000000, int64(T*cols))
+	return x, y, q, s
+}
+
 // BenchmarkGPUGemmQCold times the int8 GEMM at the 8B model's four
 // projection shapes (q|k|v stacked 6144×4096, o 4096×4096, gate|up stacked
 // 28672×4096, down 4096×14336) with the weights read from device memory,
@@ -529,11 +537,7 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 							}
 							c.MemsetD8(ws[i], 0x11, nb)
 						}
-						x, _ = c.Alloc(4 * int64(T*cols))
-						y, _ = c.Alloc(4 * int64(T*rows))
-						q, _ = c.Alloc(max(nq, kern.GemmHScratch(cols, T)))
-						s, _ = c.Alloc(ns)
-						c.MemsetD32(x, 0x3c000000, int64(T*cols))
+						x, y, q, s = gemmBenchBufs(c, T, rows, cols, nq, ns)
 						return queue(c) // warm-up
 					})
 					defer d.Do(func(c *driver.Ctx) error {
