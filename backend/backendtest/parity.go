@@ -90,6 +90,11 @@ func Cases() []Case {
 	h6 := base
 	h6.Name, h6.Op, h6.DType, h6.HeadDim, h6.Rope.HeadDim = "attention/f32/hd6", "attention", quant.F32, 6, 6
 	cs = append(cs, h6)
+	// Heads of 64 dimensions, a GQA group of 4, q4tp: the size a GPU's
+	// half-GEMM steps run on the tensor-core attention (attn_mma_h).
+	h64 := base
+	h64.Name, h64.Op, h64.DType, h64.HeadDim, h64.Rope.HeadDim, h64.KVHeads = "attention/q4tp/hd64", "attention", quant.Q4TP, 64, 64, 1
+	cs = append(cs, h64)
 	mb := base
 	mb.Name, mb.Op, mb.DType, mb.Bias = "mlp/q8_2f/bias", "mlp", quant.Q82F, true
 	cs = append(cs, mb)

@@ -92,6 +92,11 @@ type Options struct {
 	// than the int8 quants, but not the CPU's rule) instead of the int8
 	// wide tiles, whose results equal the CPU's to float32 rounding.
 	F16Wide bool
+	// NoAttnMMA keeps those half-GEMM steps' attention on attn_tiles_h
+	// (CUDA cores, q and the weights in f32) instead of the tensor-core
+	// attn_mma_h (q·scale and the softmax weights rounded to f16; hd 64 or
+	// 128). CORTIQ_CUDA_ATTN=tiles sets it (an experiment's switch).
+	NoAttnMMA bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
@@ -182,6 +187,9 @@ func Open(opt Options) (*Device, error) {
 			opt.PDLRows = n
 		}
 	}
+	if os.Getenv("CORTIQ_CUDA_ATTN") == "tiles" {
+		opt.NoAttnMMA = true
+	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {
 		d.prof = &profile{rows: opt.ProfileRows}
@@ -193,6 +201,12 @@ func Open(opt Options) (*Device, error) {
 		var err error
 		if d.mod, err = kern.Load(c, d.info, false); err != nil {
 			return err
+		}
+		if d.mod.ClusterCapsErr != nil {
+			slog.Warn("cuda: cluster occupancy unknown; the GEMMs' K splits assume the H200's, scaled by the SMs",
+				"err", d.mod.ClusterCapsErr, "caps", d.mod.ClusterCaps[1:])
+		} else {
+			slog.Debug("cuda: cluster capacities", "caps", d.mod.ClusterCaps[1:])
 		}
 		if d.strm, err = c.NewStream(driver.StreamNonBlocking); err != nil {
 			return err

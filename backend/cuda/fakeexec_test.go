@@ -550,7 +550,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 			}
 		}
-	case name == "attn_tiles" || name == "attn_tiles_h":
+	case name == "attn_tiles" || name == "attn_tiles_h" || strings.HasPrefix(name, "attn_mma_h_d"):
 		// attn.cu's attn_tiles: split and merge in one launch; the
 		// result is the softmax-weighted sum over each row's positions
 		// (the splits only change the rounding), zeros for no position.
@@ -558,7 +558,8 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		R := int(g.Z)
 		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
 		per := f.seqs * nkv * ctx * hd
-		kc, vc := f.kv(c.ptr(2), per, name == "attn_tiles_h"), f.kv(c.ptr(3), per, name == "attn_tiles_h")
+		f16 := name != "attn_tiles"
+		kc, vc := f.kv(c.ptr(2), per, f16), f.kv(c.ptr(3), per, f16)
 		if nsplit := c.int(14); nsplit > 1 {
 			// The last-block merge needs its counters at zero on entry
 			// (bufZeroed's clear; the kernel leaves them zero).
@@ -992,14 +993,18 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 	for _, graphs := range []bool{false, true} {
 		f := newFake(t, 4)
 		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, F16Wide: !exact})
-		ran, ranB, fromAttn, swiglu := 0, 0, 0, 0
+		// f16wide as cortiq runs it: with the float16 cache (KVF16), which
+		// the tensor-core attention needs.
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, F16Wide: !exact, KVF16: !exact})
+		ran, ranB, fromAttn, swiglu, mma := 0, 0, 0, 0, 0
 		worst, worstDN := fakeParity(t, fmt.Sprintf("graphs %v", graphs), f, d, c, func(k backendtest.Case) float64 {
 			switch {
 			case k.DType != quant.Q8Row && k.DType != quant.Q82F && k.DType != quant.Q4TP:
 				return -1
 			case !exact && k.DType == quant.Q4TP:
 				return 3e-4
+			case !exact:
+				return 1e-4 // the float16 cache (TestGPUParityKVF16's bound)
 			}
 			return 1e-5
 		}, func(k backendtest.Case, name string, launched []fakeCall) {
@@ -1020,10 +1025,13 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 					t.Errorf("%s / %s: %s ran with MMQ on", k.Name, name, call.name)
 				}
 			}
-			// attn_tiles with the f16 copy: o_proj's half GEMM reads it, no gemmh_acth between.
+			// attn_tiles (or attn_mma_h) with the f16 copy: o_proj's half GEMM reads it, no gemmh_acth between.
 			for i, call := range launched {
-				if !strings.HasPrefix(call.name, "attn_tiles") || call.ptr(16) == 0 {
+				if !strings.HasPrefix(call.name, "attn_tiles") && !strings.HasPrefix(call.name, "attn_mma_h") || call.ptr(16) == 0 {
 					continue
+				}
+				if strings.HasPrefix(call.name, "attn_mma_h") {
+					mma++
 				}
 				for _, next := range launched[i+1:] {
 					if strings.HasPrefix(next.name, "gemmh_") {
@@ -1036,12 +1044,16 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 				}
 			}
 		})
-		t.Logf("graphs %v: worst NMSE against the CPU per format: %v; of the Gated DeltaNet cases: %v", graphs, worst, worstDN)
+		t.Logf("graphs %v: worst NMSE against the CPU per format: %v; of the Gated DeltaNet cases: %v; %d tensor-core attentions", graphs, worst, worstDN, mma)
 		if ran == 0 {
 			t.Fatal("no int8 GEMM ran")
 		}
-		if !exact && (ranB == 0 || fromAttn == 0 || swiglu == 0) {
-			t.Fatalf("half wide GEMMs: %d ran, %d on attn_tiles' f16 copy, %d gate|up with SwiGLU", ranB, fromAttn, swiglu)
+		if !exact && (ranB == 0 || fromAttn == 0 || swiglu == 0 || mma == 0) {
+			t.Fatalf("half wide GEMMs: %d ran, %d on attn_tiles' or attn_mma_h's f16 copy, %d gate|up with SwiGLU, %d tensor-core attentions (attention/q4tp/hd64)",
+				ranB, fromAttn, swiglu, mma)
+		}
+		if exact && mma != 0 {
+			t.Fatalf("%d tensor-core attentions without F16Wide", mma)
 		}
 	}
 }

@@ -1191,7 +1191,13 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		}
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
-		st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
+		if outh != 0 && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
+			// A half-GEMM step (its activations are f16 anyway): the
+			// tensor-core attention, same parameters and outputs.
+			st.launch(kern.AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*kern.AttnMMAWarps(hd)), kern.AttnMMAShared(hd))
+		} else {
+			st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
+		}
 		if outh != 0 {
 			st.actq = actqKey{x: att, xq: outh, ldx: qd, cols: qd, rows: R, perm: -1, ok: true}
 		}

@@ -291,7 +291,7 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 	switch {
 	case name == "gemmh_acth":
 		f.halfIn.p, f.halfIn.cols, f.halfIn.T = c.ptr(3), c.int(2), int(c.cfg.Grid.Y)
-	case strings.HasPrefix(name, "attn_tiles") && c.ptr(16) != 0:
+	case (strings.HasPrefix(name, "attn_tiles") || strings.HasPrefix(name, "attn_mma_h")) && c.ptr(16) != 0:
 		f.halfIn.p, f.halfIn.cols, f.halfIn.T = c.ptr(16), c.int(10)*c.int(12), int(c.cfg.Grid.Z)
 	}
 	if f.capturing {
@@ -589,12 +589,17 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			want(c.cfg.Shared == 4*8*(hd+2)*4, "shared %d", c.cfg.Shared), want(nq%nkv == 0 && hd <= 256, "heads"),
 			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))),
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx))
-	case name == "attn_tiles" || name == "attn_tiles_h":
+	case name == "attn_tiles" || name == "attn_tiles_h" || strings.HasPrefix(name, "attn_mma_h_d"):
 		ldq, ldo, nq, nkv, hd, ctx, nsplit := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.int(14)
-		R, f16 := int(g.Z), name == "attn_tiles_h"
-		errs := []error{want(int(g.X) == nsplit && int(g.Y) == nkv && b.X == 128, "shape"),
-			want(c.cfg.Shared == kern.AttnTilesShared(hd, f16), "shared %d", c.cfg.Shared),
-			want(nq%nkv == 0 && kern.AttnTilesFits(hd, ldq, f16) && ldo%4 == 0 && ldo >= nq*hd, "heads"),
+		R, f16, mma := int(g.Z), name != "attn_tiles", strings.HasPrefix(name, "attn_mma_h_d")
+		threads, shared, fits := 128, kern.AttnTilesShared(hd, f16), kern.AttnTilesFits(hd, ldq, f16)
+		if mma {
+			threads, shared = 32*kern.AttnMMAWarps(hd), kern.AttnMMAShared(hd)
+			fits = nkv > 0 && name == kern.AttnMMAKernel(hd) && kern.AttnMMAFits(hd, ldq, nq/nkv)
+		}
+		errs := []error{want(int(g.X) == nsplit && int(g.Y) == nkv && int(b.X) == threads, "shape"),
+			want(c.cfg.Shared == shared, "shared %d", c.cfg.Shared),
+			want(nq%nkv == 0 && fits && ldo%4 == 0 && ldo >= nq*hd, "heads"),
 			want(nsplit >= 1 && nsplit <= kern.AttnTilesMaxSplits, "splits %d", nsplit),
 			f.span("q", c.ptr(0), rowsSpan(R, ldq, nq*hd)), f.span("out", c.ptr(8), rowsSpan(R, ldo, nq*hd)),
 			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx)}

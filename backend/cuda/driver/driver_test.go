@@ -165,6 +165,12 @@ func TestLaunchConfigLayout(t *testing.T) {
 	if le.Uint32(b[56:]) != 6 || le.Uint32(b[64:]) != 1 {
 		t.Fatalf("attribute wrong: % x", b[56:])
 	}
+	// Without PDL (cluster occupancy queries): no attribute.
+	clear(b)
+	putLaunchConfig(b, Config{Grid: D3(1, 7, 1), Block: D1(256), Shared: 111 << 10}, 0x5000)
+	if le.Uint32(b[4:]) != 7 || le.Uint32(b[24:]) != 111<<10 || le.Uint64(b[40:]) != 0 || le.Uint32(b[48:]) != 0 || le.Uint32(b[56:]) != 0 {
+		t.Fatalf("config without attributes wrong: % x", b)
+	}
 }
 
 func TestErrorsAndPoison(t *testing.T) {

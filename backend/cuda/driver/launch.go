@@ -62,15 +62,38 @@ func (c *Ctx) Launch(f Func, cfg Config, a *Args) error {
 	return c.call("cuLaunchKernelEx", uintptr(unsafe.Pointer(&conf[0])), uintptr(f), params, 0)
 }
 
-// putLaunchConfig writes a CUlaunchConfig with one attribute (programmatic
-// stream serialisation allowed) into b, the attribute at address attrs,
-// which must be b[launchConfigSize:].
+// MaxActiveClusters is how many clusters of kernel f (its cluster shape
+// compiled in, __cluster_dims__) the device runs at once when launched as
+// cfg (grid, block, dynamic shared memory; f must already be let use that
+// much): cuOccupancyMaxActiveClusters, CUDA 12.0. A cluster's blocks share
+// one GPC, so this can be less than the SMs' block slots divided by the
+// cluster size.
+func (c *Ctx) MaxActiveClusters(f Func, cfg Config) (int, error) {
+	if !c.d.lib.has("cuOccupancyMaxActiveClusters") {
+		return 0, fmt.Errorf("cuda: cluster occupancy needs cuOccupancyMaxActiveClusters (CUDA 12.0)")
+	}
+	conf := c.scratch[scratchConfig : scratchConfig+launchConfigSize+launchAttrSize]
+	clear(conf)
+	cfg.PDL = false
+	putLaunchConfig(conf, cfg, 0)
+	if err := c.call("cuOccupancyMaxActiveClusters", c.out(0), uintptr(f), uintptr(unsafe.Pointer(&conf[0]))); err != nil {
+		return 0, err
+	}
+	return int(c.i32(0)), nil
+}
+
+// putLaunchConfig writes a CUlaunchConfig into b: with cfg.PDL one
+// attribute (programmatic stream serialisation allowed) at address attrs,
+// which must be b[launchConfigSize:], else none.
 func putLaunchConfig(b []byte, cfg Config, attrs uintptr) {
 	le := binary.LittleEndian
 	for i, v := range []uint32{cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z, uint32(cfg.Shared)} {
 		le.PutUint32(b[4*i:], v)
 	}
 	le.PutUint64(b[32:], uint64(cfg.Stream))
+	if !cfg.PDL {
+		return
+	}
 	le.PutUint64(b[40:], uint64(attrs))
 	le.PutUint32(b[48:], 1)
 	a := b[launchConfigSize:]

@@ -53,11 +53,12 @@ var required = []string{
 }
 
 var optional = []string{
-	"cuFuncGetParamInfo",    // CUDA 12.4
-	"cuLaunchKernelEx",      // CUDA 12.0
-	"cuGraphExecUpdate_v2",  // CUDA 12.0
-	"cuEventElapsedTime_v2", // CUDA 12.8
-	"cuEventElapsedTime",    // older name, same meaning for our use
+	"cuFuncGetParamInfo",           // CUDA 12.4
+	"cuLaunchKernelEx",             // CUDA 12.0
+	"cuOccupancyMaxActiveClusters", // CUDA 12.0
+	"cuGraphExecUpdate_v2",         // CUDA 12.0
+	"cuEventElapsedTime_v2",        // CUDA 12.8
+	"cuEventElapsedTime",           // older name, same meaning for our use
 	"cuDevicePrimaryCtxReset_v2",
 }
 

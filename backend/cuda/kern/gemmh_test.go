@@ -78,26 +78,27 @@ func TestGemmHActivation(t *testing.T) {
 }
 
 // TestGemmHTilesMatchSource: gemmq.cu's GEMMH_WIDE_KS lines are kern's
-// table (BM, FT = BM/16, NS, WT, CG; suffix t for WT 2, c4 for CG 4), and each tile fits
-// two blocks an SM (228 KB, 1 KB reserved each).
+// table (BM, FT = BM/16, NS, WT, CG, WK; suffix t for WT 2, c4 for CG 4, r
+// for WK 2), and each tile fits two blocks an SM (228 KB, 1 KB reserved each).
 func TestGemmHTilesMatchSource(t *testing.T) {
 	src, err := os.ReadFile("csrc/gemmq.cu")
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`(?m)^GEMMH_WIDE_KS\((\d+), (\d+), (\d+), (\d+), (\d+), (\w*)\)`)
-	var got [][4]int
+	re := regexp.MustCompile(`(?m)^GEMMH_WIDE_KS\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\w*)\)`)
+	var got [][5]int
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		bm, _ := strconv.Atoi(m[1])
 		ft, _ := strconv.Atoi(m[2])
 		ns, _ := strconv.Atoi(m[3])
 		wt, _ := strconv.Atoi(m[4])
 		cg, _ := strconv.Atoi(m[5])
-		sfx := map[[2]int]string{{1, 8}: "", {2, 8}: "t", {1, 4}: "c4"}[[2]int{wt, cg}]
-		if ft*16 != bm || sfx != m[6] {
-			t.Errorf("%s: BM %d, FT %d, WT %d, CG %d, suffix %q", m[0], bm, ft, wt, cg, m[6])
+		wk, _ := strconv.Atoi(m[6])
+		sfx := map[[3]int]string{{1, 8, 1}: "", {2, 8, 1}: "t", {1, 4, 1}: "c4", {1, 8, 2}: "r"}[[3]int{wt, cg, wk}]
+		if ft*16 != bm || sfx != m[7] {
+			t.Errorf("%s: BM %d, FT %d, WT %d, CG %d, WK %d, suffix %q", m[0], bm, ft, wt, cg, wk, m[7])
 		}
-		got = append(got, [4]int{bm, ns, wt, cg})
+		got = append(got, [5]int{bm, ns, wt, cg, wk})
 	}
 	if fmt.Sprint(got) != fmt.Sprint(gemmhWide) {
 		t.Fatalf("gemmq.cu's GEMMH_WIDE_KS lines %v, kern's table %v", got, gemmhWide)

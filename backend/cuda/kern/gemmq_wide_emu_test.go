@@ -235,9 +235,9 @@ func emuGemmQWide(tl GemmQTile, q4 bool, W []byte, rows, cols int, xq []int8, d 
 					}
 				}
 			}
-			P := BM * (BN / 4) / KS
+			U := BM * (BN / 4)
 			for ks := range KS {
-				for v := ks * P; v < (ks+1)*P; v++ {
+				for v := ks * U / KS; v < (ks+1)*U/KS; v++ {
 					tl0, ol := v/(BN/4), (v%(BN/4))*4
 					t := t0 + tl0
 					var sum [4]float32
@@ -367,11 +367,12 @@ func TestGemmQWideTilesMatchSource(t *testing.T) {
 		t.Fatalf("gemmq.cu's GEMMQ_WIDE_KS lines %v, kern's table %v", got, gemmqWide)
 	}
 	if !regexp.MustCompile(`GEMMQ_WIDE\(fam##_w##BM##k1, F, FT, 1, NS\)\s*\\\s*GEMMQ_WIDE\(fam##_w##BM##k2, F, FT, 2, NS\)\s*\\\s*` +
-		`GEMMQ_WIDE\(fam##_w##BM##k4, F, FT, 4, NS\)\s*\\\s*GEMMQ_WIDE\(fam##_w##BM##k8, F, FT, 8, NS\)`).Match(src) {
-		t.Error("GEMMQ_WIDE_KS does not instantiate KS = 1, 2, 4, 8 (gemmqWideKS)")
+		`GEMMQ_WIDE\(fam##_w##BM##k4, F, FT, 4, NS\)\s*\\\s*GEMMQ_WIDE\(fam##_w##BM##k7, F, FT, 7, NS\)\s*\\\s*` +
+		`GEMMQ_WIDE\(fam##_w##BM##k8, F, FT, 8, NS\)`).Match(src) {
+		t.Error("GEMMQ_WIDE_KS does not instantiate KS = 1, 2, 4, 7, 8 (gemmqWideKS)")
 	}
 	deep := regexp.MustCompile(`(?m)^GEMMQ_WIDE_DEEP\((q4tp)_w64k(\d)d, GQWQ4, 4, (\d), 4\)`).FindAllStringSubmatch(string(src), -1)
-	if len(deep) != len(gemmqWideKS) {
+	if len(deep) != len(gemmqDeepKSs) {
 		t.Errorf("%d GEMMQ_WIDE_DEEP lines, want one a cluster size", len(deep))
 	}
 	for _, m := range deep {

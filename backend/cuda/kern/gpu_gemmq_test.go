@@ -703,3 +703,30 @@ func TestGPUGemmHSwiGLU(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUClusterCaps: the driver answers how many clusters of each
+// compiled size the wide tiles run at once (Load's query, which
+// GemmQWideKS picks with), each within the device's block slots and no
+// more for a larger cluster; on an H200 (132 SMs) the answers are
+// H200ClusterCaps, the CPU-side default.
+func TestGPUClusterCaps(t *testing.T) {
+	g := newGPU(t)
+	if g.m.ClusterCapsErr != nil {
+		t.Fatalf("cluster occupancy query: %v", g.m.ClusterCapsErr)
+	}
+	caps, sms := g.m.ClusterCaps, g.d.Info().SMs
+	t.Logf("%s, %d SMs: clusters at once by size %v", g.d.Info().Name, sms, caps[1:])
+	prev := 1 << 30
+	for _, ks := range []int{1, 2, 4, 7, 8} {
+		if caps[ks] <= 0 || caps[ks]*ks > 2*sms || caps[ks] > prev {
+			t.Errorf("%d clusters of %d on %d SMs (after %d of the next smaller size)", caps[ks], ks, sms, prev)
+		}
+		prev = caps[ks]
+		if sms == 132 && caps[ks] != kern.H200ClusterCaps[ks] {
+			t.Errorf("132 SMs: %d clusters of %d, H200ClusterCaps says %d", caps[ks], ks, kern.H200ClusterCaps[ks])
+		}
+	}
+	if kern.CurrentClusterCaps() != caps {
+		t.Errorf("Load left the process's caps %v, the device's %v", kern.CurrentClusterCaps(), caps)
+	}
+}

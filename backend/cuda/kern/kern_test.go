@@ -125,6 +125,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"attn_merge":       {8, 8, 4, 4, 4, 4},
 		"attn_tiles":       {8, 4, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8},
 		"attn_tiles_h":     {8, 4, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8},
+		"attn_mma_h_d64":   {8, 4, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8},
+		"attn_mma_h_d128":  {8, 4, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 8},
 		"rope_qk_append_h": {8, 4, 4, 4, 4, 4, 8, 4, 8, 8, 8, 8, 4},
 		"silu_mul":         {8, 8, 4, 8, 4, 4},
 		"add":              {8, 4, 8, 4, 4},
@@ -169,7 +171,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 					want["gemmq_"+f+tile] = []int{8, 4, 4, 8, 8, 8, 4, 4, 8, 4}
 				}
 				for _, bm := range []string{"16", "32", "64"} {
-					for _, ks := range []string{"1", "2", "4", "8"} {
+					for _, ks := range []string{"1", "2", "4", "7", "8"} {
 						// (W0, W1, W2, rows0..2, cols, XQ, D, Y, ldy, T, b0..2, accumulate)
 						want["gemmq_"+f+"_w"+bm+"k"+ks] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
 					}

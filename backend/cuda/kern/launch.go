@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/quant"
@@ -355,7 +356,9 @@ type GemmQTile struct {
 	KS             int
 	F16            bool // a gemmh_q4tp_w* tile (f16 activations and weights; GemmQ.F16)
 	Split          bool // a half tile whose warps split the tokens in two (suffix t: 32 rows a warp)
-	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
+	// A half tile's WK 2 (suffix r): its warps split each stage's groups in
+	// two, 32 rows a warp (the small tiles' WK: warps along K).
+	Deep bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
 }
 
 // Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
@@ -382,12 +385,12 @@ func (t GemmQTile) Shared(fam string) int {
 	if t.F16 {
 		// NS stages of BM f16 activation rows of KG·64+16 bytes and 128
 		// weight rows of KG·16+16 (their code bytes in the padding), then
-		// each warp's rung pairs (KG groups × 16 or 32 rows).
-		rw := 16
+		// each warp's rung pairs (its KG/WK groups × 16·WT·WK rows).
+		rw, wk := 16, max(t.WK, 1)
 		if t.Split {
 			rw = 32
 		}
-		return t.NS*(t.BM*(t.KG*64+16)+128*(t.KG*16+16)) + 8*t.KG*rw*4
+		return t.NS*(t.BM*(t.KG*64+16)+128*(t.KG*16+16)) + 8*(t.KG/wk)*(rw*wk)*4
 	}
 	if t.Wide() {
 		sh := t.NS * gemmqWideStage(fam, t.BM)
@@ -428,8 +431,13 @@ var gemmqSmall = map[string][]GemmQTile{
 // 1, 2, 4, 8; TestGemmQWideTilesMatchSource).
 var gemmqWide = map[string][][2]int{"q4tp": {{16, 4}, {32, 3}, {64, 2}}, "q8row": {{16, 2}, {32, 2}, {64, 2}}}
 
-// gemmqWideKS are the cluster sizes each wide tile is compiled for.
-var gemmqWideKS = []int{1, 2, 4, 8}
+// gemmqWideKS are the cluster sizes each wide tile is compiled for (7:
+// 32 clusters of 7 fit the H200 at once where 32 of 8 do not, clusterCaps);
+// gemmqDeepKSs the deep tiles'.
+var (
+	gemmqWideKS  = []int{1, 2, 4, 7, 8}
+	gemmqDeepKSs = []int{1, 2, 4, 8}
+)
 
 func wideTiles(fam string) []GemmQTile {
 	var ts []GemmQTile
@@ -439,28 +447,33 @@ func wideTiles(fam string) []GemmQTile {
 		}
 	}
 	if fam == "q4tp" { // gemmq.cu's GEMMQ_WIDE_DEEP lines
-		for _, ks := range gemmqWideKS {
+		for _, ks := range gemmqDeepKSs {
 			ts = append(ts, GemmQTile{Suffix: fmt.Sprintf("_w64k%dd", ks), BN: 128, BM: 64, NS: 4, KS: ks, Deep: true})
 		}
 	}
 	return ts
 }
 
-// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT, CG; every KS).
-var gemmhWide = [][4]int{{16, 3, 1, 8}, {32, 2, 1, 8}, {64, 2, 1, 8}, {32, 2, 2, 8}, {64, 2, 2, 8}, {64, 4, 1, 4}, {32, 4, 1, 4}}
+// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT, CG, WK; every KS).
+var gemmhWide = [][5]int{{16, 3, 1, 8, 1}, {32, 2, 1, 8, 1}, {64, 2, 1, 8, 1}}
 
-// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t|c4]: KG
-// is their groups a stage, Split their token-split warps).
+// GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t|c4|r]: KG
+// is their groups a stage, Split their token-split warps, WK 2 their
+// group-split warps).
 func GemmHTiles() []GemmQTile {
 	var ts []GemmQTile
 	for _, bn := range gemmhWide {
 		for _, ks := range gemmqWideKS {
-			t := GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, KG: bn[3], F16: true, Split: bn[2] == 2}
+			t := GemmQTile{Suffix: fmt.Sprintf("_w%dk%d", bn[0], ks), BN: 128, BM: bn[0], NS: bn[1], KS: ks, KG: bn[3], F16: true,
+				Split: bn[2] == 2, WK: bn[4]}
 			if t.Split {
 				t.Suffix += "t"
 			}
 			if t.KG == 4 {
 				t.Suffix += "c4"
+			}
+			if t.WK == 2 {
+				t.Suffix += "r"
 			}
 			ts = append(ts, t)
 		}
@@ -468,13 +481,6 @@ func GemmHTiles() []GemmQTile {
 	return ts
 }
 
-// gemmhSplit (CORTIQ_CUDA_GEMMH_SPLIT=1) and gemmhCG4 (CORTIQ_CUDA_GEMMH_CG=4),
-// read once, make the half tiles of 33-64 tokens the token-split ones
-// (suffix t) or the ones of 4 groups a stage in a ring of 4 (c4).
-var (
-	gemmhSplit = os.Getenv("CORTIQ_CUDA_GEMMH_SPLIT") == "1"
-	gemmhCG4   = os.Getenv("CORTIQ_CUDA_GEMMH_CG") == "4"
-)
 
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
 // columns needs (its Quants): 2·T·cols bytes.
@@ -487,16 +493,53 @@ func GemmQTiles(fam string) []GemmQTile {
 }
 
 // GemmQSlots is the number of wide-tile blocks the H200 holds at once
-// (two an SM × 132 SMs): GemmQWideKS splits K until a launch fills it.
+// (two an SM × 132 SMs).
 const GemmQSlots = 264
 
+// ClusterCaps[ks] is how many clusters of ks wide-tile blocks (two blocks
+// an SM) the device runs at once, for ks 1 to 8. A cluster's blocks must
+// share a GPC, so this is less than GemmQSlots/ks: on the H200 30 clusters
+// of 8 (240 blocks), not 33 — a launch of 32 clusters of 8 (the 8B model's
+// o and down projections) ran its last 2 in a second wave, twice the time
+// (ncu, stop 22). The default is the H200's (ncu's occupancy table for the
+// 64-token tiles); Load replaces it with the driver's answer for its device
+// (cuOccupancyMaxActiveClusters, where the driver has it).
+type ClusterCaps [9]int
+
+// H200ClusterCaps are the H200's (132 SMs) cluster capacities.
+var H200ClusterCaps = ClusterCaps{0, 264, 132, 79, 62, 47, 39, 32, 30}
+
+var clusterCaps atomic.Pointer[ClusterCaps]
+
+func init() { clusterCaps.Store(&H200ClusterCaps) }
+
+// gemmqSlotKS (CORTIQ_CUDA_GEMMQ_KS=slots, read once) brings back the K
+// split that ignored the cluster capacities: an experiment's switch.
+var gemmqSlotKS = os.Getenv("CORTIQ_CUDA_GEMMQ_KS") == "slots"
+
+// CurrentClusterCaps are the capacities GemmQWideKS picks with.
+func CurrentClusterCaps() ClusterCaps { return *clusterCaps.Load() }
+
+// SetClusterCaps sets the capacities GemmQWideKS picks with (Load sets
+// those of the device it loads on; the process holds one set).
+func SetClusterCaps(c ClusterCaps) { clusterCaps.Store(&c) }
+
 // GemmQWideKS is the cluster size (K split) of the wide tiles for rows ×
-// cols: the largest of 8, 4, 2 whose ⌈rows/128⌉·KS blocks fit GemmQSlots
-// and that leaves every block a chunk of 8 groups, else 1.
+// cols: the largest of 8, 7, 4, 2 whose ⌈rows/128⌉ clusters all run at once
+// (ClusterCaps) and that leaves every block a chunk of 8 groups, else 1.
 func GemmQWideKS(rows, cols int) int {
 	bx, nc := (rows+127)/128, (cols/32+7)/8
-	for _, ks := range []int{8, 4, 2} {
-		if bx*ks <= GemmQSlots && ks <= nc {
+	if gemmqSlotKS { // stop 21's rule, for comparison: blocks within the slots, clusters of 8, 4, 2
+		for _, ks := range []int{8, 4, 2} {
+			if bx*ks <= GemmQSlots && ks <= nc {
+				return ks
+			}
+		}
+		return 1
+	}
+	caps := clusterCaps.Load()
+	for _, ks := range []int{8, 7, 4, 2} {
+		if bx <= caps[ks] && ks <= nc {
 			return ks
 		}
 	}
@@ -781,18 +824,9 @@ func GemmHLaunch(suffix string, rows, T int) (string, driver.Config, error) {
 }
 
 // GemmHSuffix is the half wide tile for rows stacked weight rows, cols
-// columns and T tokens: GemmQSuffix's int8 pick (no deep half tiles), or
-// with CORTIQ_CUDA_GEMMH_SPLIT=1 / CORTIQ_CUDA_GEMMH_CG=4 its token-split
-// or 4-group variant at more than 16 tokens.
+// columns and T tokens: GemmQSuffix's int8 pick (no deep half tiles).
 func GemmHSuffix(rows, cols, T int) string {
-	suffix := strings.TrimSuffix(GemmQSuffix("q4tp", rows, cols, T), "d")
-	switch {
-	case gemmhSplit && T > 16:
-		suffix += "t"
-	case gemmhCG4 && T > 16:
-		suffix += "c4"
-	}
-	return suffix
+	return strings.TrimSuffix(GemmQSuffix("q4tp", rows, cols, T), "d")
 }
 
 // HalfLaunch is the launch of the half wide tile suffix for g over T
@@ -967,6 +1001,46 @@ func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, 
 	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
 		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
 	return one(AttnTilesKernel(f16), driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd, f16), a), nil
+}
+
+// AttnMMAFits reports whether attn_mma_h (tensor-core attention over a
+// float16 cache: the half-GEMM steps') serves G query heads a kv head of
+// hd dimensions with q rows at stride ldq floats: hd 64 or 128, G ≤ 16.
+func AttnMMAFits(hd, ldq, G int) bool {
+	return (hd == 64 || hd == 128) && ldq%4 == 0 && G >= 1 && G <= 16
+}
+
+// AttnMMAKernel names attn_mma_h for heads of hd dimensions (AttnMMAFits).
+func AttnMMAKernel(hd int) string { return fmt.Sprintf("attn_mma_h_d%d", hd) }
+
+// AttnMMAWarps is attn_mma_h's warps a block for heads of hd dimensions
+// (4 for 64, 2 for 128: a block's rings within 48 KB).
+func AttnMMAWarps(hd int) int {
+	if hd == 128 {
+		return 2
+	}
+	return 4
+}
+
+// AttnMMAShared is attn_mma_h's dynamic shared memory in bytes: the query
+// tile (16 rows of hd + 8 halves) and each warp's two-stage ring of 16 K
+// and 16 V rows.
+func AttnMMAShared(hd int) int { return 2 * (16 + AttnMMAWarps(hd)*2*2*16) * (hd + 8) }
+
+func attentionMMACalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr) ([]call, error) {
+	if nkv < 1 || nq%nkv != 0 || !AttnMMAFits(hd, ldq, nq/nkv) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits || outh != 0 && nq*hd%32 != 0 {
+		return nil, fmt.Errorf("kern: tensor-core attention with %d query heads, %d kv heads, head size %d, q stride %d, out stride %d, %d splits", nq, nkv, hd, ldq, ldo, nsplit)
+	}
+	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
+		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
+	return one(AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*AttnMMAWarps(hd)), AttnMMAShared(hd), a), nil
+}
+
+// AttentionMMA queues AttentionTiles' attention over float16 caches on the
+// tensor cores (attn_mma_h: q·scale and the softmax weights rounded to
+// f16, so not AttentionTiles' bits): same buffers, splits and outputs.
+func (l *Launcher) AttentionMMA(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr) error {
+	return l.run(attentionMMACalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, outh))
 }
 
 // AttnTilesKernel names the tiled attention kernel of a float32 or

@@ -67,6 +67,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, false, 0))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, true, 10))
+	add(attentionMMACalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, 10))
+	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0))
 	add(siluMulCalls(1, 2, 3, 4, 5, 6, 7), nil)
 	add(addCalls(1, 2, 3, 4, 5, 6), nil)
 	add(argmaxCalls(1, 2, 3, 4, 5), nil)
@@ -213,17 +215,20 @@ func TestGemmKernelTiles(t *testing.T) {
 
 // GemmQKernel's tiles cover every weight row and token: for T ≤ 64 the
 // wide tile of the fewest tokens ≥ T with GemmQWideKS's cluster (the
-// largest K split whose blocks fit GemmQSlots, at least a chunk of 8
+// largest K split whose clusters all fit the H200 at once, at least a chunk of 8
 // groups a block; its ring's shared memory), else 128 × 128 exactly when
 // that makes GemmBlocksMin blocks, else 128 × 64.
 func TestGemmQKernelTiles(t *testing.T) {
+	defer SetClusterCaps(CurrentClusterCaps())
+	SetClusterCaps(H200ClusterCaps)
 	for _, c := range []struct {
 		rows, cols, T int
 		name          string
 	}{
-		{37, 4096, 1, "gemmq_q4tp_w16k8"}, {4096, 4096, 16, "gemmq_q4tp_w16k8"}, {14336, 4096, 16, "gemmq_q4tp_w16k2"},
-		{14336, 4096, 17, "gemmq_q4tp_w32k2"}, {4096, 4096, 32, "gemmq_q4tp_w32k8"}, {4096, 4096, 64, "gemmq_q4tp_w64k8"},
-		{4096, 14336, 64, "gemmq_q4tp_w64k8"}, {1024, 4096, 64, "gemmq_q4tp_w64k8"}, {6144, 4096, 33, "gemmq_q4tp_w64k4"},
+		{37, 4096, 1, "gemmq_q4tp_w16k8"}, {4096, 4096, 16, "gemmq_q4tp_w16k7"}, {14336, 4096, 16, "gemmq_q4tp_w16k2"},
+		{14336, 4096, 17, "gemmq_q4tp_w32k2"}, {4096, 4096, 32, "gemmq_q4tp_w32k7"}, {4096, 4096, 64, "gemmq_q4tp_w64k7"},
+		{4096, 14336, 64, "gemmq_q4tp_w64k7"}, {1024, 4096, 64, "gemmq_q4tp_w64k8"}, {3840, 4096, 64, "gemmq_q4tp_w64k8"},
+		{6144, 4096, 33, "gemmq_q4tp_w64k4"},
 		{28672, 4096, 64, "gemmq_q4tp_w64k1"}, {4096, 96, 64, "gemmq_q4tp_w64k1"}, {4096, 512, 9, "gemmq_q4tp_w16k2"},
 		{130, 4096, 65, "gemmq_q4tp_t64"}, {4096, 4096, 512, "gemmq_q4tp_t64"}, {14336, 4096, 512, "gemmq_q4tp"},
 		{4096, 4096, 1024, "gemmq_q4tp"},
@@ -247,8 +252,8 @@ func TestGemmQKernelTiles(t *testing.T) {
 		if int(grid.X)*bn < c.rows || int(grid.X-1)*bn >= c.rows || int(gt)*bm < c.T || int(gt-1)*bm >= c.T {
 			t.Errorf("%d×T%d: grid %v does not tile %d×%d blocks", c.rows, c.T, grid, bn, bm)
 		}
-		if tl.Wide() && int(grid.X)*tl.KS > GemmQSlots && tl.KS > 1 {
-			t.Errorf("%s: %d blocks over %d slots", name, int(grid.X)*tl.KS, GemmQSlots)
+		if tl.Wide() && tl.KS > 1 && (int(grid.X)*tl.KS > GemmQSlots || int(grid.X) > H200ClusterCaps[tl.KS]) {
+			t.Errorf("%s: %d clusters of %d, the H200 runs %d at once", name, grid.X, tl.KS, H200ClusterCaps[tl.KS])
 		}
 		_, cfg, err := GemmQLaunch("q4tp", tl.Suffix, c.rows, c.T)
 		if err != nil || cfg.Shared != tl.Shared("q4tp") || (cfg.Shared > 0) != (tl.Small() || tl.Wide()) {
@@ -258,8 +263,8 @@ func TestGemmQKernelTiles(t *testing.T) {
 	if name, _, _ := GemmQKernel("q8row", 14336, 4096, 512); name != "gemmq_q8row_t64" {
 		t.Errorf("q8row 14336×T512: %s, want gemmq_q8row_t64", name)
 	}
-	if name, _, _ := GemmQKernel("q8row", 4096, 4096, 64); name != "gemmq_q8row_w64k8" {
-		t.Errorf("q8row 4096×T64: %s, want gemmq_q8row_w64k8", name)
+	if name, _, _ := GemmQKernel("q8row", 4096, 4096, 64); name != "gemmq_q8row_w64k7" {
+		t.Errorf("q8row 4096×T64: %s, want gemmq_q8row_w64k7", name)
 	}
 	if _, _, err := GemmQLaunch("q4tp", "_s8", 64, 8); err == nil {
 		t.Error("an unknown tile launched")
@@ -301,5 +306,59 @@ func TestGemmQCalls(t *testing.T) {
 	}
 	if _, err := g.Calls(quant.BF16, 9); err == nil {
 		t.Error("a bf16 int8 gemm accepted")
+	}
+}
+
+// TestGemmQWideKSClusterCaps: the K split follows the device's cluster
+// capacities: with the H200's, 32 row tiles take clusters of 7 (32 of 8 do
+// not fit at once), 30 take 8, 48 take 4; with a device that holds only
+// 20 clusters of 8 and 24 of 7, 32 row tiles take 4; a cluster never
+// outgrows the chunks of K (8 groups each).
+func TestGemmQWideKSClusterCaps(t *testing.T) {
+	defer SetClusterCaps(CurrentClusterCaps())
+	SetClusterCaps(H200ClusterCaps)
+	for _, c := range []struct{ rows, cols, ks int }{
+		{4096, 4096, 7}, {3840, 4096, 8}, {4096, 14336, 7}, {6144, 4096, 4}, {14336, 4096, 2}, {28672, 4096, 1},
+		{4096, 512, 2}, {4096, 1792, 7}, {4096, 1536, 4}, {128, 256, 1},
+	} {
+		if ks := GemmQWideKS(c.rows, c.cols); ks != c.ks {
+			t.Errorf("H200, %d×%d: KS %d, want %d", c.rows, c.cols, ks, c.ks)
+		}
+	}
+	small := H200ClusterCaps
+	small[8], small[7] = 20, 24
+	SetClusterCaps(small)
+	if ks := GemmQWideKS(4096, 4096); ks != 4 {
+		t.Errorf("20 clusters of 8, 24 of 7, 4096×4096: KS %d, want 4", ks)
+	}
+	if ks := GemmQWideKS(2560, 4096); ks != 8 {
+		t.Errorf("20 clusters of 8, 2560×4096: KS %d, want 8", ks)
+	}
+	for ks := 1; ks <= 8; ks++ {
+		if H200ClusterCaps[ks]*ks > GemmQSlots {
+			t.Errorf("H200ClusterCaps[%d] = %d: more blocks than the %d slots", ks, H200ClusterCaps[ks], GemmQSlots)
+		}
+	}
+}
+
+// attn_mma_h takes heads of 64 or 128 dimensions and GQA groups up to 16
+// (one 16-row query tile), and refuses the rest.
+func TestAttnMMAFits(t *testing.T) {
+	for _, c := range []struct {
+		hd, ldq, G int
+		ok         bool
+	}{{128, 4096, 4, true}, {64, 2048, 16, true}, {128, 4096, 17, false}, {80, 4096, 4, false}, {256, 4096, 4, false},
+		{128, 4098, 4, false}, {64, 64, 1, true}, {128, 4096, 0, false}} {
+		if got := AttnMMAFits(c.hd, c.ldq, c.G); got != c.ok {
+			t.Errorf("AttnMMAFits(%d, %d, %d) = %v", c.hd, c.ldq, c.G, got)
+		}
+	}
+	if _, err := attentionMMACalls(1, 4096, 3, 4, 5, 6, 7, 8, 9, 4096, 3, 32, 1, 128, 100, 1, 0.1, 0); err == nil {
+		t.Error("a GQA group of 32 was launched on one 16-row tile")
+	}
+	for _, hd := range []int{64, 128} {
+		if sh := AttnMMAShared(hd); sh != 2*(16+AttnMMAWarps(hd)*64)*(hd+8) || sh > 48<<10 {
+			t.Errorf("AttnMMAShared(%d) = %d", hd, sh)
+		}
 	}
 }

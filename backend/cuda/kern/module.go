@@ -17,8 +17,12 @@ type Module struct {
 	// SMs is the device's multiprocessor count (launch shapes that size
 	// their grid to the device use it; 0 means DefaultSMs).
 	SMs   int
-	mod   driver.Module
-	funcs map[string]driver.Func
+	// ClusterCaps are the device's cluster capacities (ClusterCaps; Load
+	// makes them the process's), ClusterCapsErr why they are estimates.
+	ClusterCaps    ClusterCaps
+	ClusterCapsErr error
+	mod            driver.Module
+	funcs          map[string]driver.Func
 	// optin: the dynamic shared memory each kernel was let use beyond 48 KB
 	// (cuFuncSetAttribute once per kernel and size, not per launch).
 	mu    sync.Mutex
@@ -100,7 +104,51 @@ func Load(c *driver.Ctx, info driver.Info, forcePTX bool) (*Module, error) {
 		}
 		mod.funcs[k.Name] = f
 	}
+	mod.ClusterCaps, mod.ClusterCapsErr = mod.queryClusterCaps(c)
+	SetClusterCaps(mod.ClusterCaps)
 	return mod, nil
+}
+
+// queryClusterCaps asks the driver how many clusters of each compiled size
+// the wide tiles run at once on c's device, with the 64-token half tile's
+// shared memory (the most of any wide tile) standing for all. Sizes not
+// compiled, or every size when the driver cannot answer (the error says
+// why), get the H200's figures scaled by the device's SMs.
+func (m *Module) queryClusterCaps(c *driver.Ctx) (ClusterCaps, error) {
+	var caps ClusterCaps
+	sms := m.SMs
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	for ks := range caps {
+		caps[ks] = H200ClusterCaps[ks] * sms / DefaultSMs
+	}
+	for _, ks := range gemmqWideKS {
+		suffix := fmt.Sprintf("_w64k%d", ks)
+		name := "gemmh_q4tp" + suffix
+		f, err := m.Func(name)
+		if err != nil {
+			return caps, err
+		}
+		shared := 0
+		for _, t := range GemmHTiles() {
+			if t.Suffix == suffix {
+				shared = t.Shared("q4tp")
+			}
+		}
+		if err := m.OptIn(c, name, shared); err != nil {
+			return caps, err
+		}
+		n, err := c.MaxActiveClusters(f, driver.Config{Grid: driver.D3(1, ks, 1), Block: driver.D1(256), Shared: shared})
+		if err != nil {
+			return caps, fmt.Errorf("kern: %s: %w", name, err)
+		}
+		if n <= 0 {
+			return caps, fmt.Errorf("kern: %s: the driver reports %d active clusters", name, n)
+		}
+		caps[ks] = n
+	}
+	return caps, nil
 }
 
 // Func returns a kernel by name.

@@ -242,6 +242,76 @@ __device__ __forceinline__ void at_storeh(uint16_t* __restrict__ row, int c, flo
 // outh, when not null: the output also as the half wide GEMM's f16
 // activations, rows of nq·hd in gemmh_acth's order (o_proj's input, so it
 // needs no gemmh_acth launch).
+// The split merge of attn_tiles and attn_mma_h, in every block of (row
+// r = blockIdx.z, kv head kh = blockIdx.y) after it wrote its partials:
+// the last of them to finish merges (last: a shared flag).
+__device__ __forceinline__ void attn_tiles_merge(float* __restrict__ part, int* __restrict__ cnt, float* __restrict__ out,
+                                                 int ldo, int nq, int nkv, int hd, int nsplit, int len, int chunk,
+                                                 uint16_t* __restrict__ outh, int* last_) {
+  int& last = *last_;
+  const int kh = blockIdx.y, r = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int G = nq / nkv, hd4 = hd / 4;
+  float* po = part;                                          // o partials
+  float* pml = part + (size_t)gridDim.z * nq * nsplit * hd;  // (m, l) partials
+  // Partials written, then counted.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(&cnt[r * nkv + kh], 1);
+    last = done == nsplit - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Splits 0..nact-1 hold positions. Warp w merges heads w, w + warps, ...:
+  // split k's weight e^(m_k−M)/L held by lane k mod 32 (w0 for k < 32, w1
+  // above), then Σ_k w_k·o_k, a float4 of dimensions a lane, eight splits'
+  // loads in flight.
+  const int nact = min(nsplit, (len + chunk - 1) / chunk);
+  for (int g = warp; g < G; g += blockDim.x / 32) {
+    const int h = kh * G + g;
+    const size_t ph = ((size_t)r * nq + h) * nsplit;
+    const int k1 = lane + 32;
+    const float2 a0 = lane < nact ? __ldcg((const float2*)(pml + 2 * (ph + lane))) : make_float2(-INFINITY, 0.0f);
+    const float2 a1 = k1 < nact ? __ldcg((const float2*)(pml + 2 * (ph + k1))) : make_float2(-INFINITY, 0.0f);
+    const float M = warp_max(fmaxf(a0.x, a1.x));
+    float w0 = 0.0f, w1 = 0.0f;
+    if (M != -INFINITY) {
+      w0 = a0.x != -INFINITY ? expf(a0.x - M) : 0.0f;
+      w1 = a1.x != -INFINITY ? expf(a1.x - M) : 0.0f;
+    }
+    const float L = warp_sum(a0.y * w0 + a1.y * w1);
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    w0 *= inv;
+    w1 *= inv;
+    float* orow = out + (size_t)r * ldo + (size_t)h * hd;
+    for (int j = 0; j < 2; j++) {  // warp-uniform bounds: the shuffles see every lane
+      const int d4 = lane + 32 * j;
+      if (32 * j >= hd4) break;
+      const bool in = d4 < hd4;
+      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int k0 = 0; k0 < nact; k0 += 8) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          const int k = k0 + u;
+          v[u] = in && k < nact ? __ldcg((const float4*)(po + (ph + k) * hd) + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          const int k = k0 + u;
+          const float wk = __shfl_sync(FULL_MASK, k < 32 ? w0 : w1, k & 31);
+          at_fma4(O, wk, v[u]);
+        }
+      }
+      if (in) *(float4*)(orow + 4 * d4) = O;
+      if (in && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, O);
+    }
+  }
+  if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
+}
+
 template <class E>
 __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int ldq, const typename E::T* __restrict__ kc,
                                                 const typename E::T* __restrict__ vc, const int* __restrict__ pos,
@@ -362,63 +432,7 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
       if (nsplit > 1 && lane == 0) *(float2*)(pml + 2 * ph) = make_float2(m[hh], l[hh]);
     }
   }
-  if (nsplit == 1) return;
-  // The last split block of (r, kh) merges: partials written, then counted.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int done = atomicAdd(&cnt[r * nkv + kh], 1);
-    last = done == nsplit - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Splits 0..nact-1 hold positions. Warp w merges heads w, w+4, ...:
-  // split k's weight e^(m_k−M)/L held by lane k mod 32 (w0 for k < 32, w1
-  // above), then Σ_k w_k·o_k, a float4 of dimensions a lane, eight splits'
-  // loads in flight.
-  const int nact = min(nsplit, (len + chunk - 1) / chunk);
-  for (int g = warp; g < G; g += 4) {
-    const int h = kh * G + g;
-    const size_t ph = ((size_t)r * nq + h) * nsplit;
-    const int k1 = lane + 32;
-    const float2 a0 = lane < nact ? __ldcg((const float2*)(pml + 2 * (ph + lane))) : make_float2(-INFINITY, 0.0f);
-    const float2 a1 = k1 < nact ? __ldcg((const float2*)(pml + 2 * (ph + k1))) : make_float2(-INFINITY, 0.0f);
-    const float M = warp_max(fmaxf(a0.x, a1.x));
-    float w0 = 0.0f, w1 = 0.0f;
-    if (M != -INFINITY) {
-      w0 = a0.x != -INFINITY ? expf(a0.x - M) : 0.0f;
-      w1 = a1.x != -INFINITY ? expf(a1.x - M) : 0.0f;
-    }
-    const float L = warp_sum(a0.y * w0 + a1.y * w1);
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    w0 *= inv;
-    w1 *= inv;
-    float* orow = out + (size_t)r * ldo + (size_t)h * hd;
-    for (int j = 0; j < 2; j++) {  // warp-uniform bounds: the shuffles see every lane
-      const int d4 = lane + 32 * j;
-      if (32 * j >= hd4) break;
-      const bool in = d4 < hd4;
-      float4 O = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int k0 = 0; k0 < nact; k0 += 8) {
-        float4 v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int k = k0 + u;
-          v[u] = in && k < nact ? __ldcg((const float4*)(po + (ph + k) * hd) + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          const int k = k0 + u;
-          const float wk = __shfl_sync(FULL_MASK, k < 32 ? w0 : w1, k & 31);
-          at_fma4(O, wk, v[u]);
-        }
-      }
-      if (in) *(float4*)(orow + 4 * d4) = O;
-      if (in && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, O);
-    }
-  }
-  if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
+  if (nsplit > 1) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, hd, nsplit, len, chunk, outh, &last);
 }
 
 #define ATTN_TILES_PARAMS(T)                                                                                           \
@@ -430,4 +444,213 @@ extern "C" __global__ void __launch_bounds__(128) attn_tiles(ATTN_TILES_PARAMS(f
 }
 extern "C" __global__ void __launch_bounds__(128) attn_tiles_h(ATTN_TILES_PARAMS(__half)) {
   attn_tiles_body<AtF16>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh);
+}
+
+// attn_mma_h_d<HD>: attn_tiles_h's attention on m16n8k16 f16 tensor cores,
+// for the steps whose GEMMs take the half wide tiles (their activations
+// are f16 already; kern.AttnMMAFits): attn_tiles_h's parameters, grid
+// (nsplit, nkv, R), block 32·NW (NW warps: 4 for hd 64, 2 for 128, so that
+// a block's rings fit 48 KB and five blocks an SM), splits (chunks of ≥
+// AT_TP positions), split
+// merge and outputs. A block's G ≤ 16 query heads are the rows of one
+// 16-row A tile: f16(q·scale), rows past G zero, its hd/16 fragments held
+// in registers. Warp w takes the split's tiles of AM_TP = 16 positions w,
+// w+NW, ... through its own two-stage cp.async ring of K and V rows (rows
+// past the length zero-filled), and per tile: S = Q·Kᵀ (hd/8 mma, f32),
+// positions past the length −inf, the online softmax on S's fragments (a
+// head's running max m over its quad, p = e^(s−m) in f32 rounded to f16,
+// l the sum of the rounded p), P as the A operand straight from S's
+// fragments, O += P·V (hd/8 mma, V by ldmatrix.trans). The warps'
+// (m, l, O) are merged in warp order through shared memory; then, as
+// attn_tiles: the output O/l and its f16 copy (one split), or the split's
+// partial (O, m, l) and the last block's merge. Rounding: q·scale and p
+// to f16 (relative 2^-11) besides the f16 cache, f32 sums: not
+// attn_tiles_h's bits. Dynamic shared memory kern.AttnMMAShared(hd) =
+// 2·(16 + NW·2·2·AM_TP)·(hd + 8) bytes.
+#define AM_TP 16
+template <int HD, int NW>
+__device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, int ldq, const __half* __restrict__ kc,
+                                              const __half* __restrict__ vc, const int* __restrict__ pos,
+                                              const int* __restrict__ slot, float* __restrict__ part, int* __restrict__ cnt,
+                                              float* __restrict__ out, int ldo, int nq, int nkv, int ctx, int nsplit,
+                                              float scale, uint16_t* __restrict__ outh) {
+  constexpr int LDS = HD + 8, NK = HD / 16, NO = HD / 8, CPR = HD / 8;  // halves a row, k steps, n tiles, copies a row
+  constexpr int TILE = AM_TP * LDS;                                      // halves of a K or V tile
+  constexpr int NT = 32 * NW;                                            // threads
+  // The merge's m, l and O (floats) fit where the rings were.
+  static_assert(HD % 16 == 0 && NO % 2 == 0 && 4 * (2 * 16 * NW + NW * 16 * HD) <= 2 * NW * 2 * 2 * TILE, "attn_mma layout");
+  extern __shared__ float4 at_sm4[];
+  __half* const qs = reinterpret_cast<__half*>(at_sm4);  // [16][LDS]
+  __shared__ int last;
+  pdl_trigger();
+  pdl_wait();
+  const int s = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g4 = lane >> 2, q4 = lane & 3;
+  const int G = nq / nkv;
+  int len = pos[r] + 1;
+  len = len < 0 ? 0 : (len > ctx ? ctx : len);
+  const int chunk = max((len + nsplit - 1) / nsplit, AT_TP);
+  const int t0 = min(len, s * chunk), t1 = min(len, t0 + chunk);
+  const int ntile = (t1 - t0 + AM_TP - 1) / AM_TP;
+  const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * HD;
+  __half* const ring = qs + 16 * LDS + warp * 2 * 2 * TILE;  // the warp's [stage][K, V][AM_TP][LDS]
+
+  const float* qr = q + (size_t)r * ldq + (size_t)kh * G * HD;
+  for (int e = tid; e < 16 * HD; e += NT) {
+    const int row = e / HD, d = e - row * HD;
+    qs[row * LDS + d] = __float2half_rn(row < G ? qr[row * HD + d] * scale : 0.0f);
+  }
+  __syncthreads();
+  uint32_t qa[NK][4];
+#pragma unroll
+  for (int kk = 0; kk < NK; kk++)
+    gq_ldsm4(qa[kk], reinterpret_cast<const uint8_t*>(qs + (lane & 15) * LDS + kk * 16 + (lane >> 4) * 8));
+
+  const int nt = ntile > warp ? (ntile - warp + NW - 1) / NW : 0;  // the warp's tiles warp + NW·j
+  auto issue = [&](int j) {
+    const int ta = t0 + (warp + NW * j) * AM_TP;
+    __half* st = ring + (j & 1) * 2 * TILE;
+#pragma unroll
+    for (int c = lane; c < AM_TP * CPR; c += 32) {
+      const int row = c / CPR, e0 = (c - row * CPR) * 8;
+      const bool in = ta + row < t1;
+      const size_t off = in ? cbase + (size_t)(ta + row) * HD + e0 : 0;
+      at_cp16(st + row * LDS + e0, kc + off, in);
+      at_cp16(st + TILE + row * LDS + e0, vc + off, in);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  // Rows g4 (index 0) and g4 + 8 (index 1) of the lane's fragments.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+  if (nt > 0) issue(0);
+#pragma unroll 1
+  for (int j = 0; j < nt; j++) {
+    if (j + 1 < nt) {
+      issue(j + 1);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+    }
+    __syncwarp();
+    const __half* kt = ring + (j & 1) * 2 * TILE;
+    const __half* vt = kt + TILE;
+    const int n = min(AM_TP, t1 - (t0 + (warp + NW * j) * AM_TP));  // ≥ 1 positions in the tile
+    float sc[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sc[u][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+      uint32_t kb[4];  // b0, b1 of positions 0-7, then of 8-15
+      gq_ldsm4(kb, reinterpret_cast<const uint8_t*>(kt + ((lane & 7) + ((lane >> 4) << 3)) * LDS + kk * 16 + ((lane >> 3) & 1) * 8));
+      gh_mma(sc[0], qa[kk], kb[0], kb[1]);
+      gh_mma(sc[1], qa[kk], kb[2], kb[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        if (8 * u + 2 * q4 + e >= n) sc[u][e] = sc[u][2 + e] = -INFINITY;
+        mx[0] = fmaxf(mx[0], sc[u][e]);
+        mx[1] = fmaxf(mx[1], sc[u][2 + e]);
+      }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL_MASK, mx[h], 2));
+      const float mn = fmaxf(m[h], mx[h]);  // finite: position 0 of the tile is in
+      corr[h] = expf(m[h] - mn);            // 0 on the first tile
+      m[h] = mn;
+      l[h] *= corr[h];
+    }
+    uint32_t pa[4];  // P's A fragment: (row g4, positions 2q4..), (g4+8, ..), (g4, 8+2q4..), (g4+8, 8+..)
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const __half2 p = __floats2half2_rn(expf(sc[u][2 * h] - m[h]), expf(sc[u][2 * h + 1] - m[h]));
+        const float2 pf = __half22float2(p);
+        l[h] += pf.x + pf.y;
+        pa[2 * u + h] = *reinterpret_cast<const uint32_t*>(&p);
+      }
+#pragma unroll
+    for (int nn = 0; nn < NO; nn++) {
+      o[nn][0] *= corr[0];
+      o[nn][1] *= corr[0];
+      o[nn][2] *= corr[1];
+      o[nn][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nn = 0; nn < NO; nn += 2) {
+      uint32_t vb[4];  // b0, b1 of dimensions 8nn.., then of 8nn+8..
+      gq_ldsm4t(vb, reinterpret_cast<const uint8_t*>(vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nn * 8 + (lane >> 4) * 8));
+      gh_mma(o[nn], pa, vb[0], vb[1]);
+      gh_mma(o[nn + 1], pa, vb[2], vb[3]);
+    }
+    __syncwarp();  // the stage is refilled two tiles on
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(FULL_MASK, l[h], 1);
+    l[h] += __shfl_xor_sync(FULL_MASK, l[h], 2);
+  }
+  // The warps' states through shared memory (the rings are done): m, l
+  // [NW][16], O [NW][16][HD].
+  __syncthreads();
+  float* const ms = reinterpret_cast<float*>(qs + 16 * LDS);
+  float* const ls = ms + 16 * NW;
+  float* const os = ls + 16 * NW;
+  if (q4 == 0) {
+    ms[warp * 16 + g4] = m[0];
+    ms[warp * 16 + g4 + 8] = m[1];
+    ls[warp * 16 + g4] = l[0];
+    ls[warp * 16 + g4 + 8] = l[1];
+  }
+#pragma unroll
+  for (int nn = 0; nn < NO; nn++) {
+    *reinterpret_cast<float2*>(os + (warp * 16 + g4) * HD + nn * 8 + 2 * q4) = make_float2(o[nn][0], o[nn][1]);
+    *reinterpret_cast<float2*>(os + (warp * 16 + g4 + 8) * HD + nn * 8 + 2 * q4) = make_float2(o[nn][2], o[nn][3]);
+  }
+  __syncthreads();
+  float* const po = part;
+  float* const pml = part + (size_t)gridDim.z * nq * nsplit * HD;
+  for (int e = tid; e < G * HD; e += NT) {
+    const int g = e / HD, d = e - g * HD, h = kh * G + g;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; w++) M = fmaxf(M, ms[w * 16 + g]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+      const float mw = ms[w * 16 + g];
+      if (mw == -INFINITY) continue;  // a warp without positions
+      const float f = expf(mw - M);
+      L += f * ls[w * 16 + g];
+      O += f * os[(w * 16 + g) * HD + d];
+    }
+    if (nsplit == 1) {
+      const float y = L > 0.0f ? O / L : 0.0f;
+      out[(size_t)r * ldo + (size_t)h * HD + d] = y;
+      if (outh) gh_store(outh + (size_t)r * nq * HD, h * HD + d, y);
+    } else {
+      const size_t ph = ((size_t)r * nq + h) * nsplit + s;
+      po[ph * HD + d] = O;
+      if (d == 0) *(float2*)(pml + 2 * ph) = make_float2(M, L);
+    }
+  }
+  if (nsplit > 1) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, HD, nsplit, len, chunk, outh, &last);
+}
+extern "C" __global__ void __launch_bounds__(128) attn_mma_h_d64(ATTN_TILES_PARAMS(__half)) {
+  attn_mma_body<64, 4>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, ctx, nsplit, scale, outh);
+}
+extern "C" __global__ void __launch_bounds__(64) attn_mma_h_d128(ATTN_TILES_PARAMS(__half)) {
+  attn_mma_body<128, 2>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, ctx, nsplit, scale, outh);
 }

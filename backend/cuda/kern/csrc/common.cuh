@@ -150,3 +150,27 @@ __device__ __forceinline__ int block_sum_i(int v, int* sh) {
   __syncthreads();
   return sh[0];
 }
+
+// Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory
+// (ldmatrix; gq_ldsm4t transposed: each lane gets a column pair).
+__device__ __forceinline__ void gq_ldsm4(uint32_t (&r)[4], const uint8_t* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void gq_ldsm4t(uint32_t (&r)[4], const uint8_t* p) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// c += A·B for A 16×16 f16 (row), B 16×8 f16 (col), f32.
+__device__ __forceinline__ void gh_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

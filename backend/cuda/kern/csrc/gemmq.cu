@@ -123,14 +123,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   }
 }
 
-// Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory.
-__device__ __forceinline__ void gq_ldsm4(uint32_t (&r)[4], const uint8_t* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
 
 // c = A·B for A 16×32 s8 (row), B 32×8 s8 (col), int32 accumulation
 // from GQ_BIAS = the bits of 1.5·2^23: a partial |Σ| < 2^22 (here at most
@@ -742,7 +734,7 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const
   constexpr int UA = (BM * CG * 2 + GQ_THREADS - 1) / GQ_THREADS;  // activation units a thread
   constexpr int UD = (BM * CG + GQ_THREADS - 1) / GQ_THREADS;      // scales a thread
   static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "wide tile layout");
-  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
+  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 7 || KS == 8), "ring, cluster");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
   float* const rb = reinterpret_cast<float*>(sm + NS * STAGE);  // q4tp: [warp][kg][16] rungs
@@ -944,11 +936,11 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const
     gq_cluster_sync();  // every block's partials written and visible to the cluster
   else
     __syncthreads();
-  // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 128 tile,
-  // adding the KS partials in rank order.
-  constexpr int P = BM * (BN / 4) / KS;
+  // Block ks finishes float4 units [ks·U/KS, (ks+1)·U/KS) of the BM × 128
+  // tile's U, adding the KS partials in rank order.
+  constexpr int U = BM * (BN / 4);
 #pragma unroll 1
-  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+  for (int v = ks * U / KS + tid; v < (ks + 1) * U / KS; v += GQ_THREADS) {
     const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
     const float* src = red + tl * LDR + ol;
     float4 sum = KS > 1 ? gq_ld_cluster4(src, 0) : *reinterpret_cast<const float4*>(src);
@@ -1012,6 +1004,7 @@ GEMMQ_WIDE_DEEP(q4tp_w64k8d, GQWQ4, 4, 8, 4)
   GEMMQ_WIDE(fam##_w##BM##k1, F, FT, 1, NS)   \
   GEMMQ_WIDE(fam##_w##BM##k2, F, FT, 2, NS)   \
   GEMMQ_WIDE(fam##_w##BM##k4, F, FT, 4, NS)   \
+  GEMMQ_WIDE(fam##_w##BM##k7, F, FT, 7, NS)   \
   GEMMQ_WIDE(fam##_w##BM##k8, F, FT, 8, NS)
 GEMMQ_WIDE_KS(q4tp, GQWQ4, 16, 1, 4)
 GEMMQ_WIDE_KS(q4tp, GQWQ4, 32, 2, 3)
@@ -1063,12 +1056,6 @@ extern "C" __global__ void __launch_bounds__(GQ_THREADS)
   }
 }
 
-// c += A·B for A 16×16 f16 (row), B 16×8 f16 (col), f32.
-__device__ __forceinline__ void gh_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // (a & mask) | c in one LOP3 (the compiler splits it when both are immediates).
 __device__ __forceinline__ uint32_t gh_lop(uint32_t a, uint32_t mask, uint32_t c) {
   uint32_t r;
@@ -1104,7 +1091,15 @@ __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e
 // 16 rows; 2: half the tokens and 32 rows, so each activation fragment is
 // loaded from shared memory by half as many warps and each weight is
 // expanded by two). CG: groups of 32 a ring stage (8, or 4 for a deeper
-// ring in the same shared memory: more stages in flight).
+// ring in the same shared memory: more stages in flight). WK: the warps
+// split each stage's groups WK ways (2: a warp has 16·WT·2 rows and half the
+// groups, so an activation fragment serves twice the rows: half the
+// shared-memory reads an mma, each weight still expanded once; the two
+// halves' f32 tiles are added, half 0 then half 1, before the cluster's).
+// Only WK = 1 is instantiated: the WK = 2 tiles (suffix r) measured no
+// faster on the H200 (stop 22: gate|up 76.6 against 76.9 µs, o/down 37.9
+// against 34.5, q|k|v 27.8 against 26.4, eager 64-row steps), so shared
+// memory bandwidth is not what limits these tiles.
 // hout, when not null (SwiGLU mode; W0 gate and W1 up of rows0 = rows1
 // rows, no W2, no accumulate): a block takes rows o0..o0+63 of both (its
 // block rows 0-63 gate's, 64-127 up's; grid.x ⌈rows0/64⌉) and writes
@@ -1115,7 +1110,7 @@ __device__ __forceinline__ float gh_out(float sum, float p2, const float* __rest
   return __fadd_rn(__fmul_rn(sum, p2), bias ? bias[o] : 0.0f);  // 2^E·Σ + bias, never contracted
 }
 
-template <int FT, int KS, int NS, int WT, int CG>
+template <int FT, int KS, int NS, int WT, int CG, int WK>
 __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
@@ -1123,19 +1118,21 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
                                            const float* __restrict__ b2, int accumulate, uint16_t* __restrict__ hout,
                                            int ldh) {
   constexpr int BM = 16 * FT, BN = 128;
-  constexpr int FW = FT / WT, NT = 2 * WT, RW = 8 * NT, GPL = CG * RW / 32;  // m tiles, n tiles, rows, rung groups a lane
+  constexpr int FW = FT / WT, NT = 2 * WT * WK, RW = 8 * NT;  // m tiles, n tiles, rows a warp
+  constexpr int NR = 8 / (WT * WK), CW = CG / WK, GPL = CW * RW / 32;  // row groups of warps, groups a warp, rungs a lane
   constexpr int AU = CG * 4, AR = GQ_THREADS / AU;  // 16-byte activation units a row, rows a copy pass
   constexpr int LDA = CG * 64 + 16, LDB = CG * 16 + 16, LDR = BN + 4;
   // A row's 8 code bytes sit in its weight row's 16 bytes of padding (at CG·16).
   constexpr int OFF_W = BM * LDA, OFF_C = OFF_W + CG * 16, STAGE = OFF_W + BN * LDB;
   constexpr int CWU = CG, UW = BN * CWU / GQ_THREADS;             // 16-byte weight units
   constexpr int UA = (BM * CG * 4 + GQ_THREADS - 1) / GQ_THREADS;  // 16-byte activation units
-  static_assert(STAGE % 16 == 0 && BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "half wide tile layout");
-  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 8), "ring, cluster");
-  static_assert((WT == 1 || WT == 2) && FT % WT == 0 && (CG == 4 || CG == 8) && GPL >= 1, "token split, stage");
+  static_assert(STAGE % 16 == 0 && WK * BM * LDR * 4 <= NS * STAGE && UW * GQ_THREADS == BN * CWU, "half wide tile layout");
+  static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 7 || KS == 8), "ring, cluster");
+  static_assert((WT == 1 || WT == 2) && (WK == 1 || WK == 2) && WT * WK <= 2 && FT % WT == 0 && (CG == 4 || CG == 8) && GPL >= 1,
+                "token split, group split, stage");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
-  uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg][RW] rung pairs
+  uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg of the warp's CW][RW] rung pairs
   pdl_trigger();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g4 = lane >> 2, q4 = lane & 3;
   const bool pair = hout != nullptr;
@@ -1149,7 +1146,8 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   // Block row r: its tensor (SwiGLU mode: up's from 64) and row there.
   auto tens = [&](int r) { return pair && r >= BN / 2 ? W1 : W; };
   auto trow = [&](int r) { return min(o0 + (pair ? r & (BN / 2 - 1) : r), rows - 1); };
-  const int wr = RW * (warp % (8 / WT)), tw = 16 * FW * (warp / (8 / WT));  // the warp's rows and tokens
+  // The warp's rows, tokens and first group of a stage.
+  const int wr = RW * (warp % NR), tw = 16 * FW * (warp / NR % WT), wg = CW * (warp / (NR * WT));
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
   const int c0 = ks * nc / KS, nk = (ks + 1) * nc / KS - c0;
   const int gpr = nb, cbytes = (5 * gpr + 7) / 8;
@@ -1237,7 +1235,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     gq_commit();
     const uint8_t* st = sm + (s % NS) * STAGE;
     const int gv = min(CG, nb - (c0 + s) * CG);
-    uint32_t* wrb = rb + warp * CG * RW;
+    uint32_t* wrb = rb + warp * CW * RW;
     {
       const size_t pb = 5 * CG * (size_t)(c0 + s), p = rcode + pb / 8;  // the chunk's first code: bit pb of the row's codes
       const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * LDB);
@@ -1245,22 +1243,23 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
       const int sh = (int)(p & 3) * 8 + (int)(pb % 8);
 #pragma unroll
       for (int j = 0; j < GPL; j++) {
-        const int kg = GPL * rh + j, code = (int)((win >> (sh + 5 * kg)) & 31u);
+        const int kl = GPL * rh + j, kg = wg + kl, code = (int)((win >> (sh + 5 * kg)) & 31u);
         const uint32_t h = kg < gv ? __half_as_ushort(__float2half_rn(q4tp_rung(la, lb, code) * unexp)) : 0u;
-        wrb[kg * RW + rr] = h | (h << 16);
+        wrb[kl * RW + rr] = h | (h << 16);
       }
       __syncwarp();
     }
-    // Every group of the chunk (zeros past the slice: its activations and
-    // rungs are zero).
-    constexpr int KU = FW * NT >= 8 ? 2 : CG < 4 ? CG : 4;
+    // The warp's groups of the chunk (zeros past the slice: its activations
+    // and rungs are zero).
+    constexpr int KU = FW * NT >= 8 ? 2 : CW < 4 ? CW : 4;
 #pragma unroll(KU)
-    for (int kg = 0; kg < CG; kg++) {
+    for (int kl = 0; kl < CW; kl++) {
+      const int kg = wg + kl;
       uint32_t fb[NT][4];
 #pragma unroll
       for (int n = 0; n < NT; n++) {
         const uint32_t x = *reinterpret_cast<const uint32_t*>(st + OFF_W + (wr + 8 * n + g4) * LDB + kg * 16 + 4 * q4);
-        gh_word(x, wrb[kg * RW + 8 * n + g4], fb[n]);
+        gh_word(x, wrb[kl * RW + 8 * n + g4], fb[n]);
       }
 #pragma unroll
       for (int i = 0; i < FW; i++) {
@@ -1278,7 +1277,8 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   gq_wait<0>();
   __syncthreads();
 
-  float* red = reinterpret_cast<float*>(sm);
+  // red[WK][BM][LDR]: each group half's f32 tile.
+  float* red = reinterpret_cast<float*>(sm) + (wg / CW) * BM * LDR;
 #pragma unroll
   for (int i = 0; i < FW; i++)
 #pragma unroll
@@ -1291,12 +1291,25 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     gq_cluster_sync();
   else
     __syncthreads();
-  // The cluster's partials of the float4 at p, added in rank order.
+  red = reinterpret_cast<float*>(sm);
+  // The block's partial of the float4 at p in rank k's red (its group
+  // halves added in order), and the cluster's, added in rank order.
+  auto part = [&](const float* p, int k) {
+    float4 x = KS > 1 ? gq_ld_cluster4(p, k) : *reinterpret_cast<const float4*>(p);
+    if (WK == 2) {
+      const float4 y = KS > 1 ? gq_ld_cluster4(p + BM * LDR, k) : *reinterpret_cast<const float4*>(p + BM * LDR);
+      x.x += y.x;
+      x.y += y.y;
+      x.z += y.z;
+      x.w += y.w;
+    }
+    return x;
+  };
   auto csum = [&](const float* p) {
-    float4 sum = KS > 1 ? gq_ld_cluster4(p, 0) : *reinterpret_cast<const float4*>(p);
+    float4 sum = part(p, 0);
 #pragma unroll
     for (int k = 1; k < KS; k++) {
-      const float4 x = gq_ld_cluster4(p, k);
+      const float4 x = part(p, k);
       sum.x += x.x;
       sum.y += x.y;
       sum.z += x.z;
@@ -1309,10 +1322,10 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     return gh_pow2(gh_rowexp(ld_u16(Wt + lad + 4 * (size_t)oe), ld_u16(Wt + lad + 4 * (size_t)oe + 2)));
   };
   if (pair) {
-    // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 64 outputs.
-    constexpr int P = BM * (BN / 8) / KS;
+    // Block ks finishes float4 units [ks·U/KS, (ks+1)·U/KS) of the BM × 64 outputs' U.
+    constexpr int U = BM * (BN / 8);
 #pragma unroll 1
-    for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+    for (int v = ks * U / KS + tid; v < (ks + 1) * U / KS; v += GQ_THREADS) {
       const int tl = v / (BN / 8), ol = (v % (BN / 8)) * 4, t = t0 + tl;
       const float4 g4v = csum(red + tl * LDR + ol), u4v = csum(red + tl * LDR + BN / 2 + ol);
       if (t >= T) continue;
@@ -1328,11 +1341,11 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     if (KS > 1) gq_cluster_sync();
     return;
   }
-  // Block ks finishes float4 units [ks·P, (ks+1)·P) of the BM × 128 tile,
-  // adding the KS partials in rank order.
-  constexpr int P = BM * (BN / 4) / KS;
+  // Block ks finishes float4 units [ks·U/KS, (ks+1)·U/KS) of the BM × 128
+  // tile's U, adding the KS partials in rank order.
+  constexpr int U = BM * (BN / 4);
 #pragma unroll 1
-  for (int v = ks * P + tid; v < (ks + 1) * P; v += GQ_THREADS) {
+  for (int v = ks * U / KS + tid; v < (ks + 1) * U / KS; v += GQ_THREADS) {
     const int tl = v / (BN / 4), ol = (v % (BN / 4)) * 4, t = t0 + tl;
     const float4 sum = csum(red + tl * LDR + ol);
     if (t >= T) continue;
@@ -1366,20 +1379,17 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
       int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
       const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate,       \
       uint16_t *__restrict__ hout, int ldh
-#define GEMMH_WIDE(name, FT, KS, NS, WT, CG)                                                                      \
+#define GEMMH_WIDE(name, FT, KS, NS, WT, CG, WK)                                                                  \
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
-    gemmh_wide<FT, KS, NS, WT, CG>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh); \
+    gemmh_wide<FT, KS, NS, WT, CG, WK>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh); \
   }
-// BM, FT (BM = 16·FT), NS, WT, CG; suffix t for WT = 2, c4 for CG = 4 (kern.GemmHTiles mirrors these).
-#define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, SFX)             \
-  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT, CG) \
-  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT, CG) \
-  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT, CG) \
-  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT, CG)
-GEMMH_WIDE_KS(16, 1, 3, 1, 8, )
-GEMMH_WIDE_KS(32, 2, 2, 1, 8, )
-GEMMH_WIDE_KS(64, 4, 2, 1, 8, )
-GEMMH_WIDE_KS(32, 2, 2, 2, 8, t)
-GEMMH_WIDE_KS(64, 4, 2, 2, 8, t)
-GEMMH_WIDE_KS(64, 4, 4, 1, 4, c4)
-GEMMH_WIDE_KS(32, 2, 4, 1, 4, c4)
+// BM, FT (BM = 16·FT), NS, WT, CG, WK; suffix t for WT = 2, c4 for CG = 4, r for WK = 2 (kern.GemmHTiles mirrors these).
+#define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, WK, SFX)             \
+  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT, CG, WK) \
+  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT, CG, WK) \
+  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT, CG, WK) \
+  GEMMH_WIDE(q4tp_w##BM##k7##SFX, FT, 7, NS, WT, CG, WK) \
+  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT, CG, WK)
+GEMMH_WIDE_KS(16, 1, 3, 1, 8, 1, )
+GEMMH_WIDE_KS(32, 2, 2, 1, 8, 1, )
+GEMMH_WIDE_KS(64, 4, 2, 1, 8, 1, )
