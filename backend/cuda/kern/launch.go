@@ -481,7 +481,6 @@ func GemmHTiles() []GemmQTile {
 	return ts
 }
 
-
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
 // columns needs (its Quants): 2·T·cols bytes.
 func GemmHScratch(cols, T int) int64 { return 2 * int64(T) * int64(cols) }

@@ -16,7 +16,7 @@ type Module struct {
 	Source   string // "cubin sm_90a" or "ptx compute_90"
 	// SMs is the device's multiprocessor count (launch shapes that size
 	// their grid to the device use it; 0 means DefaultSMs).
-	SMs   int
+	SMs int
 	// ClusterCaps are the device's cluster capacities (ClusterCaps; Load
 	// makes them the process's), ClusterCapsErr why they are estimates.
 	ClusterCaps    ClusterCaps
