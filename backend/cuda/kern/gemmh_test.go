@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cortiq/cortiq/quant"
@@ -106,6 +107,14 @@ func TestGemmHTilesMatchSource(t *testing.T) {
 	for _, tl := range GemmHTiles() {
 		if sh := tl.Shared("q4tp"); 2*(sh+1024) > 228*1024 {
 			t.Errorf("%s: %d bytes of shared memory, over half an SM's", tl.Suffix, sh)
+		}
+		if tl.Pair > 0 {
+			// The SwiGLU-only tiles: gemmh_wide with the 64-token tile's
+			// parameters and PH = Pair, named _w64k1p<Pair>.
+			line := fmt.Sprintf("gemmh_q4tp%s(GEMMH_PARAMS) {\n  gemmh_wide<4, 1, 2, 1, 8, 1, %d>(", tl.Suffix, tl.Pair)
+			if tl.Suffix != fmt.Sprintf("_w64k1p%d", tl.Pair) || !strings.Contains(string(src), line) {
+				t.Errorf("%s: no gemmq.cu kernel %q", tl.Suffix, line)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package kern_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -52,6 +53,9 @@ func blockOf(name string) int {
 	switch {
 	case name == "argmax" || name == "sample":
 		return 1024
+	case strings.HasPrefix(name, "attn_mma_h_d"):
+		hd, _ := strconv.Atoi(strings.TrimPrefix(name, "attn_mma_h_d"))
+		return 32 * kern.AttnMMAWarps(hd)
 	case strings.HasPrefix(name, "mv_q8row_") || strings.HasPrefix(name, "mv_q4tp_"):
 		return 512
 	case strings.HasPrefix(name, "gemm_"), strings.HasPrefix(name, "gemmq_"):

@@ -356,9 +356,12 @@ type GemmQTile struct {
 	KS             int
 	F16            bool // a gemmh_q4tp_w* tile (f16 activations and weights; GemmQ.F16)
 	Split          bool // a half tile whose warps split the tokens in two (suffix t: 32 rows a warp)
-	// A half tile's WK 2 (suffix r): its warps split each stage's groups in
-	// two, 32 rows a warp (the small tiles' WK: warps along K).
-	Deep bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
+	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
+	// Pair, for a SwiGLU-only half tile (suffix p<Pair>): its rows of gate
+	// and of up a block (the others take 64). A half tile's WK 2 (suffix
+	// r, not built now) splits each stage's groups over two warps, 32 rows
+	// a warp (the small tiles' WK: warps along K).
+	Pair int
 }
 
 // Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
@@ -418,12 +421,12 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false, false},
-		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false, false},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false, false, 0}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false, false, 0}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false, false, 0},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false, false, 0}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false, false, 0}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false, false, 0},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false, false},
-		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false, false},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false, false, 0}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false, false, 0}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false, false, 0},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false, false, 0}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false, false, 0}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false, false, 0},
 	},
 }
 
@@ -478,7 +481,8 @@ func GemmHTiles() []GemmQTile {
 			ts = append(ts, t)
 		}
 	}
-	return ts
+	// gemmq.cu's gemmh_q4tp_w64k1p56: SwiGLU mode, 56 rows of gate and of up a block.
+	return append(ts, GemmQTile{Suffix: "_w64k1p56", BN: 128, BM: 64, NS: 2, KS: 1, KG: 8, F16: true, WK: 1, Pair: 56})
 }
 
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
@@ -830,8 +834,16 @@ func GemmHSuffix(rows, cols, T int) string {
 
 // HalfLaunch is the launch of the half wide tile suffix for g over T
 // tokens (GemmHLaunch's; with SwiGLU, a block takes 64 rows of gate and
-// the same 64 of up).
+// the same 64 of up, or 56 of each on the _w64k1p56 tile, which a SwiGLU
+// launch of the _w64k1 pick takes where PairRows says so).
 func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
+	if g.SwiGLU != 0 && suffix == "_w64k1" && !g.ForceTile && PairRows(g.Rows, DefaultSMs) == 56 {
+		suffix = "_w64k1p56"
+	}
+	tile, _ := gemmhTile(suffix)
+	if tile.Pair > 0 && g.SwiGLU == 0 {
+		return "", driver.Config{}, fmt.Errorf("kern: the half tile %s is for SwiGLU launches only", suffix)
+	}
 	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
 	if err != nil || g.SwiGLU == 0 {
 		return name, cfg, err
@@ -839,8 +851,36 @@ func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
 	if len(g.More) != 1 || g.More[0].Rows != g.Rows || g.Accumulate || g.Ldh < g.Rows || g.Rows%32 != 0 {
 		return "", cfg, fmt.Errorf("kern: a SwiGLU half GEMM over gate and up of %d rows (%d more tensors, accumulate %v, ldh %d)", g.Rows, len(g.More), g.Accumulate, g.Ldh)
 	}
-	cfg.Grid.X = uint32((g.Rows + 63) / 64)
+	pair := 64
+	if tile.Pair > 0 {
+		pair = tile.Pair
+	}
+	cfg.Grid.X = uint32((g.Rows + pair - 1) / pair)
 	return name, cfg, nil
+}
+
+// PairRows is the rows of gate and of up a block of a single-slice
+// SwiGLU launch over rows rows takes on sms multiprocessors: 56 where
+// that makes the most blocks an SM does (two an SM fit) no more than 64
+// would, so its time — blocks an SM × rows a block, the SMs' throughput
+// the limit — is 7/8 (14336 rows: 256 blocks against 224, which leave 40
+// of the H200's 132 SMs one block while the rest run two), else 64.
+func PairRows(rows, sms int) int {
+	per := func(pair int) int { return ((rows+pair-1)/pair + sms - 1) / sms }
+	if per(56)*56 < per(64)*64 {
+		return 56
+	}
+	return 64
+}
+
+// gemmhTile is the half tile of suffix.
+func gemmhTile(suffix string) (GemmQTile, bool) {
+	for _, t := range GemmHTiles() {
+		if t.Suffix == suffix {
+			return t, true
+		}
+	}
+	return GemmQTile{}, false
 }
 
 // PackF16 packs into a gemmh_acth's parameters for g with prologue pro
