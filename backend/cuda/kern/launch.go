@@ -837,7 +837,7 @@ func GemmHSuffix(rows, cols, T int) string {
 // the same 64 of up, or 56 of each on the _w64k1p56 tile, which a SwiGLU
 // launch of the _w64k1 pick takes where PairRows says so).
 func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
-	if g.SwiGLU != 0 && suffix == "_w64k1" && !g.ForceTile && PairRows(g.Rows, DefaultSMs) == 56 {
+	if g.SwiGLU != 0 && suffix == "_w64k1" && !g.ForceTile && !gemmhPair64 && PairRows(g.Rows, DefaultSMs) == 56 {
 		suffix = "_w64k1p56"
 	}
 	tile, _ := gemmhTile(suffix)
@@ -858,6 +858,10 @@ func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
 	cfg.Grid.X = uint32((g.Rows + pair - 1) / pair)
 	return name, cfg, nil
 }
+
+// gemmhPair64 (CORTIQ_CUDA_GEMMH_PAIR=64, read once) keeps every SwiGLU
+// launch on 64 rows of each a block: an experiment's switch.
+var gemmhPair64 = os.Getenv("CORTIQ_CUDA_GEMMH_PAIR") == "64"
 
 // PairRows is the rows of gate and of up a block of a single-slice
 // SwiGLU launch over rows rows takes on sms multiprocessors: 56 where
