@@ -372,7 +372,7 @@ func (f *fakeGPU) checkKV(c *fakeCall, posArg, slotArg, kcArg, vcArg int, R, nkv
 			return fmt.Errorf("row %d: position %d slot %d outside the pool", r, pos[r], slot[r])
 		}
 		es := int64(4)
-		if strings.HasSuffix(c.name, "_h") {
+		if strings.HasSuffix(c.name, "_h") || strings.HasPrefix(c.name, "attn_mma_h") {
 			es = 2 // a float16 cache
 		}
 		end := es * ((int64(slot[r]*nkv+nkv-1)*int64(ctx)+int64(pos[r]))*int64(hd) + int64(hd))

@@ -380,7 +380,7 @@ func TestGemmQSmallTilesMatchSource(t *testing.T) {
 		for i := range n {
 			n[i], _ = strconv.Atoi(m[3+i])
 		}
-		got[m[1]] = append(got[m[1]], GemmQTile{"_" + m[2], n[1], n[0], n[2], n[3], n[4], n[5], 0, false, false, false, 0})
+		got[m[1]] = append(got[m[1]], GemmQTile{"_" + m[2], n[1], n[0], n[2], n[3], n[4], n[5], 0, false, false, false})
 	}
 	if fmt.Sprint(got) != fmt.Sprint(gemmqSmall) {
 		t.Fatalf("gemmq.cu's GEMMQ_SMALL lines %v, kern's table %v", got, gemmqSmall)

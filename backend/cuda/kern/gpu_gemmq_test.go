@@ -416,8 +416,8 @@ func TestGPUGemmHParity(t *testing.T) {
 					gq.More = append(gq.More, p)
 				}
 				for ti, tile := range append([]kern.GemmQTile{{Suffix: "picked"}}, kern.GemmHTiles()...) {
-					if ti > 0 && (tile.BM < T || total >= 4096 && tile.KS != 8 || tile.Pair > 0) {
-						continue // (the SwiGLU-only tile: TestGPUGemmHSwiGLU)
+					if ti > 0 && (tile.BM < T || total >= 4096 && tile.KS != 8) {
+						continue
 					}
 					y0 := r.vec((maxT+1)*ldy, 1)
 					gq.Y = g.f32(y0)
@@ -504,7 +504,7 @@ func BenchmarkGPUGemmQCold(b *testing.B) {
 				}
 			}
 			for _, tl := range kern.GemmHTiles() {
-				if tl.BM >= T && (tl.BM < 2*T || tl.BM <= 16) && tl.Pair == 0 {
+				if tl.BM >= T && (tl.BM < 2*T || tl.BM <= 16) {
 					paths = append(paths, "f16tile"+tl.Suffix)
 				}
 			}
@@ -633,10 +633,9 @@ func TestGPUActQuantPro(t *testing.T) {
 // TestGPUGemmHSwiGLU: gate|up on the half wide tiles with SwiGLU in the
 // epilogue (GemmQ.SwiGLU) writes the same f16 bits as gate|up into Y and
 // then gemmh_acth's SwiGLU prologue (the down projection's input), for
-// T = 33 and 64, rows 512 and 1088 (a partial block of 64 and of 56
-// rows), every 64-token tile forced (each cluster size and the _p56 tile
-// of 56 rows of each a block), with biases and the RMSNorm prologue on
-// the input.
+// T = 33 and 64, rows 512 and 1088 (a partial 64-row block), every
+// 64-token tile forced (each cluster size, the token-split and 4-group
+// ones), with biases and the RMSNorm prologue on the input.
 func TestGPUGemmHSwiGLU(t *testing.T) {
 	g := newGPU(t)
 	r := rng(41)

@@ -551,8 +551,8 @@ func TestRefAttentionEdges(t *testing.T) {
 // GQA groups 1, 4, 8 and 16, one split and several (the last block's
 // merge: each case runs twice and must give the same bits, counters left
 // at zero), lengths around its 16-position tiles, the 32-position split
-// chunks and 0, peaked softmaxes (q ×6); its f16 copy equals its output
-// rounded, bit for bit.
+// chunks and 0, peaked softmaxes (q ×6), heads of 128 on both the 2- and
+// the 4-warp kernel; its f16 copy equals its output rounded, bit for bit.
 func TestGPUAttentionMMA(t *testing.T) {
 	g := newGPU(t)
 	r := rng(47)
@@ -577,52 +577,57 @@ func TestGPUAttentionMMA(t *testing.T) {
 		part, cnt, out := g.zeros(R*c.nq*c.nsplit*(c.hd+2)), g.zeros(R*c.nkv), g.zeros(R*w)
 		outh := g.upload(make([]byte, kern.GemmHScratch(w, R)))
 		dq, dk, dv, dp, ds := g.f32(c.q), g.upload(kh), g.upload(vh), g.i32(c.pos), g.i32(c.slot)
-		var got []float32
-		for run := range 2 {
-			g.run(func(l *kern.Launcher) error {
-				return l.AttentionMMA(dq, c.ldq, dk, dv, dp, ds, part, cnt, out, w, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, outh)
-			})
-			again := g.readF32(out, R*w)
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
-					t.Fatalf("attn_mma %+v: launch %d gives out[%d] = %g, the first %g", s, run, i, again[i], got[i])
+		for _, w4 := range []bool{false, true} {
+			if w4 && c.hd != 128 {
+				continue
+			}
+			var got []float32
+			for run := range 2 {
+				g.run(func(l *kern.Launcher) error {
+					return l.AttentionMMA(dq, c.ldq, dk, dv, dp, ds, part, cnt, out, w, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, outh, w4)
+				})
+				again := g.readF32(out, R*w)
+				for i := range got {
+					if math.Float32bits(got[i]) != math.Float32bits(again[i]) {
+						t.Fatalf("attn_mma %+v: launch %d gives out[%d] = %g, the first %g", s, run, i, again[i], got[i])
+					}
+				}
+				got = again
+			}
+			for i, v := range g.readI32(cnt, R*c.nkv) {
+				if v != 0 {
+					t.Fatalf("attn_mma %+v: counter %d left at %d", s, i, v)
 				}
 			}
-			got = again
-		}
-		for i, v := range g.readI32(cnt, R*c.nkv) {
-			if v != 0 {
-				t.Fatalf("attn_mma %+v: counter %d left at %d", s, i, v)
-			}
-		}
-		G := c.nq / c.nkv
-		worst := 0.0
-		for ri, ln := range c.lens {
-			want := refAttention(c.q[ri*c.ldq:], c.kc, c.vc, int(c.pos[ri]), int(c.slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(c.scale))
-			n := min(max(ln, 0), c.ctx)
-			for h := range c.nq {
-				S, vmax := 0.0, 0.0
-				for tp := range n {
-					base := ((int(c.slot[ri])*c.nkv+h/G)*c.ctx + tp) * c.hd
-					var a float64
+			G := c.nq / c.nkv
+			worst := 0.0
+			for ri, ln := range c.lens {
+				want := refAttention(c.q[ri*c.ldq:], c.kc, c.vc, int(c.pos[ri]), int(c.slot[ri]), c.nq, c.nkv, c.hd, c.ctx, float64(c.scale))
+				n := min(max(ln, 0), c.ctx)
+				for h := range c.nq {
+					S, vmax := 0.0, 0.0
+					for tp := range n {
+						base := ((int(c.slot[ri])*c.nkv+h/G)*c.ctx + tp) * c.hd
+						var a float64
+						for d := range c.hd {
+							a += math.Abs(float64(c.q[ri*c.ldq+h*c.hd+d]) * float64(c.scale) * float64(c.kc[base+d]))
+							vmax = math.Max(vmax, math.Abs(float64(c.vc[base+d])))
+						}
+						S = math.Max(S, a)
+					}
+					bound := (0x1p-10*S+0x1p-9)*vmax + 1e-5
 					for d := range c.hd {
-						a += math.Abs(float64(c.q[ri*c.ldq+h*c.hd+d]) * float64(c.scale) * float64(c.kc[base+d]))
-						vmax = math.Max(vmax, math.Abs(float64(c.vc[base+d])))
+						i := h*c.hd + d
+						diff := math.Abs(float64(got[ri*w+i]) - float64(want[i]))
+						if diff > bound || math.IsNaN(float64(got[ri*w+i])) {
+							t.Fatalf("attn_mma %+v, len %d: out[%d] = %g, want %g (|diff| %g, bound %g)", s, ln, i, got[ri*w+i], want[i], diff, bound)
+						}
+						worst = math.Max(worst, diff/bound)
 					}
-					S = math.Max(S, a)
-				}
-				bound := (0x1p-10*S+0x1p-9)*vmax + 1e-5
-				for d := range c.hd {
-					i := h*c.hd + d
-					diff := math.Abs(float64(got[ri*w+i]) - float64(want[i]))
-					if diff > bound || math.IsNaN(float64(got[ri*w+i])) {
-						t.Fatalf("attn_mma %+v, len %d: out[%d] = %g, want %g (|diff| %g, bound %g)", s, ln, i, got[ri*w+i], want[i], diff, bound)
-					}
-					worst = math.Max(worst, diff/bound)
 				}
 			}
+			t.Logf("attn_mma %+v (4 warps at hd 128: %v): worst |diff| %.3f of its bound", s, w4, worst)
+			c.checkHalf(t, "attn_mma", got, g.readBytes(outh, int(kern.GemmHScratch(w, R))))
 		}
-		t.Logf("attn_mma %+v: worst |diff| %.3f of its bound", s, worst)
-		c.checkHalf(t, "attn_mma", got, g.readBytes(outh, int(kern.GemmHScratch(w, R))))
 	}
 }

@@ -356,12 +356,9 @@ type GemmQTile struct {
 	KS             int
 	F16            bool // a gemmh_q4tp_w* tile (f16 activations and weights; GemmQ.F16)
 	Split          bool // a half tile whose warps split the tokens in two (suffix t: 32 rows a warp)
-	Deep           bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
-	// Pair, for a SwiGLU-only half tile (suffix p<Pair>): its rows of gate
-	// and of up a block (the others take 64). A half tile's WK 2 (suffix
-	// r, not built now) splits each stage's groups over two warps, 32 rows
-	// a warp (the small tiles' WK: warps along K).
-	Pair int
+	// A half tile's WK 2 (suffix r): its warps split each stage's groups in
+	// two, 32 rows a warp (the small tiles' WK: warps along K).
+	Deep bool // a _w64k<KS>d tile: one block an SM, 4 stages (compared, not picked)
 }
 
 // Small reports whether t is one of the cp.async ring tiles gemmq_<fmt>_s*.
@@ -421,12 +418,12 @@ var gemmqBig = []GemmQTile{{Suffix: "", BN: 128, BM: 128}, {Suffix: "_t64", BN: 
 // gemmqSmall mirrors gemmq.cu's GEMMQ_SMALL lines (TestGemmQSmallTilesMatchSource).
 var gemmqSmall = map[string][]GemmQTile{
 	"q4tp": {
-		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false, false, 0}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false, false, 0}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false, false, 0},
-		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false, false, 0}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false, false, 0}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false, false, 0},
+		{"_s16", 64, 16, 1, 8, 8, 6, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 16, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 4, 9, 0, false, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 12, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 6, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 8, 0, false, false, false},
 	},
 	"q8row": {
-		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false, false, 0}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false, false, 0}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false, false, 0},
-		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false, false, 0}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false, false, 0}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false, false, 0},
+		{"_s16", 64, 16, 1, 8, 8, 5, 0, false, false, false}, {"_s16h", 32, 16, 1, 8, 8, 12, 0, false, false, false}, {"_s32", 64, 32, 2, 4, 8, 4, 0, false, false, false},
+		{"_s32h", 32, 32, 1, 8, 8, 10, 0, false, false, false}, {"_s64", 64, 64, 4, 2, 4, 5, 0, false, false, false}, {"_s64h", 32, 64, 2, 4, 8, 7, 0, false, false, false},
 	},
 }
 
@@ -457,8 +454,8 @@ func wideTiles(fam string) []GemmQTile {
 	return ts
 }
 
-// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT, CG, WK; every KS).
-var gemmhWide = [][5]int{{16, 3, 1, 8, 1}, {32, 2, 1, 8, 1}, {64, 2, 1, 8, 1}}
+// gemmhWide mirrors gemmq.cu's GEMMH_WIDE_KS lines (BM, NS, WT, CG, WK, CA; every KS).
+var gemmhWide = [][6]int{{16, 3, 1, 8, 1, 0}, {32, 2, 1, 8, 1, 0}, {64, 2, 1, 8, 1, 0}, {64, 2, 1, 8, 1, 1}}
 
 // GemmHTiles lists the half wide tiles (gemmh_q4tp_w<BM>k<KS>[t|c4|r]: KG
 // is their groups a stage, Split their token-split warps, WK 2 their
@@ -478,11 +475,13 @@ func GemmHTiles() []GemmQTile {
 			if t.WK == 2 {
 				t.Suffix += "r"
 			}
+			if bn[5] == 1 {
+				t.Suffix += "ca"
+			}
 			ts = append(ts, t)
 		}
 	}
-	// gemmq.cu's gemmh_q4tp_w64k1p56: SwiGLU mode, 56 rows of gate and of up a block.
-	return append(ts, GemmQTile{Suffix: "_w64k1p56", BN: 128, BM: 64, NS: 2, KS: 1, KG: 8, F16: true, WK: 1, Pair: 56})
+	return ts
 }
 
 // GemmHScratch is the f16 activations an F16 GemmQ over T rows of cols
@@ -827,23 +826,26 @@ func GemmHLaunch(suffix string, rows, T int) (string, driver.Config, error) {
 }
 
 // GemmHSuffix is the half wide tile for rows stacked weight rows, cols
-// columns and T tokens: GemmQSuffix's int8 pick (no deep half tiles).
+// columns and T tokens: GemmQSuffix's int8 pick (no deep half tiles);
+// with CORTIQ_CUDA_GEMMH_CA=1 the 64-token tiles whose activations are
+// copied through L1 (suffix ca).
 func GemmHSuffix(rows, cols, T int) string {
-	return strings.TrimSuffix(GemmQSuffix("q4tp", rows, cols, T), "d")
+	suffix := strings.TrimSuffix(GemmQSuffix("q4tp", rows, cols, T), "d")
+	if gemmhCA && T > 32 {
+		suffix += "ca"
+	}
+	return suffix
 }
+
+// gemmhCA (CORTIQ_CUDA_GEMMH_CA=1, read once): the 64-token half tiles
+// copy their activations through L1 (cp.async.ca), so that the second
+// block of an SM may find the first's: an experiment's switch.
+var gemmhCA = os.Getenv("CORTIQ_CUDA_GEMMH_CA") == "1"
 
 // HalfLaunch is the launch of the half wide tile suffix for g over T
 // tokens (GemmHLaunch's; with SwiGLU, a block takes 64 rows of gate and
-// the same 64 of up, or 56 of each on the _w64k1p56 tile, which a SwiGLU
-// launch of the _w64k1 pick takes where PairRows says so).
+// the same 64 of up).
 func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
-	if g.SwiGLU != 0 && suffix == "_w64k1" && !g.ForceTile && !gemmhPair64 && PairRows(g.Rows, DefaultSMs) == 56 {
-		suffix = "_w64k1p56"
-	}
-	tile, _ := gemmhTile(suffix)
-	if tile.Pair > 0 && g.SwiGLU == 0 {
-		return "", driver.Config{}, fmt.Errorf("kern: the half tile %s is for SwiGLU launches only", suffix)
-	}
 	name, cfg, err := GemmHLaunch(suffix, g.StackedRows(), T)
 	if err != nil || g.SwiGLU == 0 {
 		return name, cfg, err
@@ -851,40 +853,8 @@ func (g GemmQ) HalfLaunch(suffix string, T int) (string, driver.Config, error) {
 	if len(g.More) != 1 || g.More[0].Rows != g.Rows || g.Accumulate || g.Ldh < g.Rows || g.Rows%32 != 0 {
 		return "", cfg, fmt.Errorf("kern: a SwiGLU half GEMM over gate and up of %d rows (%d more tensors, accumulate %v, ldh %d)", g.Rows, len(g.More), g.Accumulate, g.Ldh)
 	}
-	pair := 64
-	if tile.Pair > 0 {
-		pair = tile.Pair
-	}
-	cfg.Grid.X = uint32((g.Rows + pair - 1) / pair)
+	cfg.Grid.X = uint32((g.Rows + 63) / 64)
 	return name, cfg, nil
-}
-
-// gemmhPair64 (CORTIQ_CUDA_GEMMH_PAIR=64, read once) keeps every SwiGLU
-// launch on 64 rows of each a block: an experiment's switch.
-var gemmhPair64 = os.Getenv("CORTIQ_CUDA_GEMMH_PAIR") == "64"
-
-// PairRows is the rows of gate and of up a block of a single-slice
-// SwiGLU launch over rows rows takes on sms multiprocessors: 56 where
-// that makes the most blocks an SM does (two an SM fit) no more than 64
-// would, so its time — blocks an SM × rows a block, the SMs' throughput
-// the limit — is 7/8 (14336 rows: 256 blocks against 224, which leave 40
-// of the H200's 132 SMs one block while the rest run two), else 64.
-func PairRows(rows, sms int) int {
-	per := func(pair int) int { return ((rows+pair-1)/pair + sms - 1) / sms }
-	if per(56)*56 < per(64)*64 {
-		return 56
-	}
-	return 64
-}
-
-// gemmhTile is the half tile of suffix.
-func gemmhTile(suffix string) (GemmQTile, bool) {
-	for _, t := range GemmHTiles() {
-		if t.Suffix == suffix {
-			return t, true
-		}
-	}
-	return GemmQTile{}, false
 }
 
 // PackF16 packs into a gemmh_acth's parameters for g with prologue pro
@@ -1053,37 +1023,54 @@ func AttnMMAFits(hd, ldq, G int) bool {
 	return (hd == 64 || hd == 128) && ldq%4 == 0 && G >= 1 && G <= 16
 }
 
-// AttnMMAKernel names attn_mma_h for heads of hd dimensions (AttnMMAFits).
-func AttnMMAKernel(hd int) string { return fmt.Sprintf("attn_mma_h_d%d", hd) }
+// AttnMMAKernel names attn_mma_h for heads of hd dimensions (AttnMMAFits;
+// with CORTIQ_CUDA_ATTN=w4, heads of 128 on the 4-warp variant).
+func AttnMMAKernel(hd int) string { n, _, _ := AttnMMAVariant(hd, attnW4); return n }
 
-// AttnMMAWarps is attn_mma_h's warps a block for heads of hd dimensions
-// (4 for 64, 2 for 128: a block's rings within 48 KB).
-func AttnMMAWarps(hd int) int {
+// AttnMMAVariant is attn_mma_h's kernel, warps a block and dynamic shared
+// memory for heads of hd dimensions (w4: heads of 128 on the 4-warp
+// variant): the query tile (16 rows of hd + 8 halves) and each warp's
+// two-stage ring of 16 K and 16 V rows.
+func AttnMMAVariant(hd int, w4 bool) (name string, warps, shared int) {
+	name, warps = fmt.Sprintf("attn_mma_h_d%d", hd), 4
 	if hd == 128 {
-		return 2
+		warps = 2
+		if w4 {
+			name, warps = name+"w4", 4
+		}
 	}
-	return 4
+	return name, warps, 2 * (16 + warps*2*2*16) * (hd + 8)
 }
 
-// AttnMMAShared is attn_mma_h's dynamic shared memory in bytes: the query
-// tile (16 rows of hd + 8 halves) and each warp's two-stage ring of 16 K
-// and 16 V rows.
-func AttnMMAShared(hd int) int { return 2 * (16 + AttnMMAWarps(hd)*2*2*16) * (hd + 8) }
+// attnW4 (CORTIQ_CUDA_ATTN=w4, read once) runs heads of 128 dimensions on
+// attn_mma_h_d128w4 (4 warps, 74 KB of rings, three blocks an SM) instead
+// of 2 warps: an experiment's switch.
+var attnW4 = os.Getenv("CORTIQ_CUDA_ATTN") == "w4"
 
-func attentionMMACalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr) ([]call, error) {
+// AttnMMAWarps is attn_mma_h's warps a block for heads of hd dimensions
+// (4 for 64, 2 for 128: a block's rings within 48 KB; 4 with
+// CORTIQ_CUDA_ATTN=w4).
+func AttnMMAWarps(hd int) int { _, w, _ := AttnMMAVariant(hd, attnW4); return w }
+
+// AttnMMAShared is attn_mma_h's dynamic shared memory in bytes (AttnMMAVariant).
+func AttnMMAShared(hd int) int { _, _, sh := AttnMMAVariant(hd, attnW4); return sh }
+
+func attentionMMACalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr, w4 bool) ([]call, error) {
 	if nkv < 1 || nq%nkv != 0 || !AttnMMAFits(hd, ldq, nq/nkv) || ldo%4 != 0 || nsplit < 1 || nsplit > AttnTilesMaxSplits || outh != 0 && nq*hd%32 != 0 {
 		return nil, fmt.Errorf("kern: tensor-core attention with %d query heads, %d kv heads, head size %d, q stride %d, out stride %d, %d splits", nq, nkv, hd, ldq, ldo, nsplit)
 	}
 	a := new(driver.Args).Ptr(q).Int(ldq).Ptr(kc).Ptr(vc).Ptr(pos).Ptr(slot).Ptr(part).Ptr(cnt).Ptr(out).Int(ldo).
 		Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
-	return one(AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*AttnMMAWarps(hd)), AttnMMAShared(hd), a), nil
+	name, warps, shared := AttnMMAVariant(hd, w4)
+	return one(name, driver.D3(nsplit, nkv, R), driver.D1(32*warps), shared, a), nil
 }
 
 // AttentionMMA queues AttentionTiles' attention over float16 caches on the
 // tensor cores (attn_mma_h: q·scale and the softmax weights rounded to
-// f16, so not AttentionTiles' bits): same buffers, splits and outputs.
-func (l *Launcher) AttentionMMA(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr) error {
-	return l.run(attentionMMACalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, outh))
+// f16, so not AttentionTiles' bits): same buffers, splits and outputs; w4
+// takes the 4-warp variant for heads of 128 (AttnMMAVariant).
+func (l *Launcher) AttentionMMA(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, outh Ptr, w4 bool) error {
+	return l.run(attentionMMACalls(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, outh, w4))
 }
 
 // AttnTilesKernel names the tiled attention kernel of a float32 or

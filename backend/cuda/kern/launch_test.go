@@ -2,6 +2,7 @@ package kern
 
 import (
 	"encoding/binary"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -51,12 +52,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 			}
 			if d == quant.Q4TP { // the half wide tiles: each forced
 				for _, tl := range GemmHTiles() {
-					g := GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Y: 0x5000, Ldy: 130,
-						F16: true, ForceTile: true, Tile: tl.Suffix}
-					if tl.Pair > 0 { // SwiGLU only: gate|up of 1024 rows each
-						g.Rows, g.More, g.SwiGLU, g.Ldh, g.Ldy = 1024, []GemmQPart{{W: 0x9000, Rows: 1024}}, 0xa000, 1024, 2048
-					}
-					add(g.Calls(d, 64))
+					add(GemmQ{W: 0x1000, Rows: 130, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Y: 0x5000, Ldy: 130,
+						F16: true, ForceTile: true, Tile: tl.Suffix}.Calls(d, 64))
 				}
 			}
 		}
@@ -71,8 +68,9 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, false, 0))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, true, 10))
-	add(attentionMMACalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, 10))
-	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0))
+	add(attentionMMACalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, 10, false))
+	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0, false))
+	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0, true))
 	add(siluMulCalls(1, 2, 3, 4, 5, 6, 7), nil)
 	add(addCalls(1, 2, 3, 4, 5, 6), nil)
 	add(argmaxCalls(1, 2, 3, 4, 5), nil)
@@ -357,37 +355,15 @@ func TestAttnMMAFits(t *testing.T) {
 			t.Errorf("AttnMMAFits(%d, %d, %d) = %v", c.hd, c.ldq, c.G, got)
 		}
 	}
-	if _, err := attentionMMACalls(1, 4096, 3, 4, 5, 6, 7, 8, 9, 4096, 3, 32, 1, 128, 100, 1, 0.1, 0); err == nil {
+	if _, err := attentionMMACalls(1, 4096, 3, 4, 5, 6, 7, 8, 9, 4096, 3, 32, 1, 128, 100, 1, 0.1, 0, false); err == nil {
 		t.Error("a GQA group of 32 was launched on one 16-row tile")
 	}
 	for _, hd := range []int{64, 128} {
-		if sh := AttnMMAShared(hd); sh != 2*(16+AttnMMAWarps(hd)*64)*(hd+8) || sh > 48<<10 {
-			t.Errorf("AttnMMAShared(%d) = %d", hd, sh)
+		if name, w, sh := AttnMMAVariant(hd, false); sh != 2*(16+w*64)*(hd+8) || sh > 48<<10 || name != fmt.Sprintf("attn_mma_h_d%d", hd) {
+			t.Errorf("AttnMMAVariant(%d) = %s, %d warps, %d bytes", hd, name, w, sh)
 		}
 	}
-}
-
-// A SwiGLU gate|up launch of the _w64k1 pick takes 56 rows of each a
-// block where that leaves fewer rows on the busiest SM (PairRows): 14336
-// rows (256 blocks, not 224) and 8960, not 7680 (120 blocks of 64 fit one
-// an SM; 138 of 56 would not); a plain launch never takes the pair tile.
-func TestPairRows(t *testing.T) {
-	for _, c := range []struct{ rows, pair int }{{14336, 56}, {8960, 56}, {7680, 64}, {4864, 56}, {18944, 56}, {25600, 56}} {
-		if got := PairRows(c.rows, DefaultSMs); got != c.pair {
-			t.Errorf("PairRows(%d) = %d, want %d", c.rows, got, c.pair)
-		}
-	}
-	g := GemmQ{W: 0x1000, Rows: 14336, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Y: 0x5000, Ldy: 28672, F16: true,
-		More: []GemmQPart{{W: 0x9000, Rows: 14336}}, SwiGLU: 0xa000, Ldh: 14336}
-	name, cfg, err := g.HalfLaunch("_w64k1", 64)
-	if err != nil || name != "gemmh_q4tp_w64k1p56" || cfg.Grid.X != 256 {
-		t.Errorf("SwiGLU 14336 rows: %s grid %v (%v), want gemmh_q4tp_w64k1p56 over 256 blocks", name, cfg.Grid, err)
-	}
-	g.SwiGLU = 0
-	if name, _, err := g.HalfLaunch("_w64k1", 64); err != nil || name != "gemmh_q4tp_w64k1" {
-		t.Errorf("plain 28672 rows: %s (%v)", name, err)
-	}
-	if _, _, err := g.HalfLaunch("_w64k1p56", 64); err == nil {
-		t.Error("the pair tile was launched without SwiGLU")
+	if name, w, sh := AttnMMAVariant(128, true); name != "attn_mma_h_d128w4" || w != 4 || sh != 2*(16+256)*136 {
+		t.Errorf("AttnMMAVariant(128, w4) = %s, %d warps, %d bytes", name, w, sh)
 	}
 }

@@ -654,3 +654,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_mma_h_d64(ATTN_TILES_PARA
 extern "C" __global__ void __launch_bounds__(64) attn_mma_h_d128(ATTN_TILES_PARAMS(__half)) {
   attn_mma_body<128, 2>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, ctx, nsplit, scale, outh);
 }
+// The 4-warp variant (74 KB of shared memory), compared by CORTIQ_CUDA_ATTN=w4.
+extern "C" __global__ void __launch_bounds__(128) attn_mma_h_d128w4(ATTN_TILES_PARAMS(__half)) {
+  attn_mma_body<128, 4>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, ctx, nsplit, scale, outh);
+}

@@ -389,6 +389,12 @@ __device__ __forceinline__ void gq_cp16(void* dst, const void* src, bool pred) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
 }
+// gq_cp16 through L1 (cp.async.ca: a block on the same SM reading the same
+// 16 bytes soon after may hit there).
+__device__ __forceinline__ void gq_cp16ca(void* dst, const void* src, bool pred) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void gq_cp4(void* dst, const void* src, bool pred) {
   const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(pred ? 4 : 0) : "memory");
@@ -1101,11 +1107,8 @@ __device__ __forceinline__ float gh_pow2(int e) { return __int_as_float((127 + e
 // against 34.5, q|k|v 27.8 against 26.4, eager 64-row steps), so shared
 // memory bandwidth is not what limits these tiles.
 // hout, when not null (SwiGLU mode; W0 gate and W1 up of rows0 = rows1
-// rows, no W2, no accumulate): a block takes rows o0..o0+PH−1 of both (its
-// block rows 0..PH−1 gate's, PH..2PH−1 up's; grid.x ⌈rows0/PH⌉; PH 64, or
-// 56 for the _p56 tile, whose last warp's 16 rows are idle: 7/8 of the
-// work a block, so that 14336 rows make 256 blocks, two on nearly every
-// SM, instead of 224 that leave 40 SMs one) and writes
+// rows, no W2, no accumulate): a block takes rows o0..o0+63 of both (its
+// block rows 0-63 gate's, 64-127 up's; grid.x ⌈rows0/64⌉) and writes
 // h = silu(gate)·up, rounded as gemmh_acth rounds, into hout (rows ldh
 // apart, gemmh_acth's order) instead of Y: the down projection's half
 // GEMM input, with the arithmetic of Y then gemmh_acth's SwiGLU prologue.
@@ -1113,7 +1116,7 @@ __device__ __forceinline__ float gh_out(float sum, float p2, const float* __rest
   return __fadd_rn(__fmul_rn(sum, p2), bias ? bias[o] : 0.0f);  // 2^E·Σ + bias, never contracted
 }
 
-template <int FT, int KS, int NS, int WT, int CG, int WK, int PH = 64>
+template <int FT, int KS, int NS, int WT, int CG, int WK, bool CA = false>
 __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const uint8_t* __restrict__ W1,
                                            const uint8_t* __restrict__ W2, int rows0, int rows1, int rows2, int cols,
                                            const uint16_t* __restrict__ XH, float* __restrict__ Y, int ldy, int T,
@@ -1133,7 +1136,6 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   static_assert(NS >= 2 && (KS == 1 || KS == 2 || KS == 4 || KS == 7 || KS == 8), "ring, cluster");
   static_assert((WT == 1 || WT == 2) && (WK == 1 || WK == 2) && WT * WK <= 2 && FT % WT == 0 && (CG == 4 || CG == 8) && GPL >= 1,
                 "token split, group split, stage");
-  static_assert(PH % 8 == 0 && PH <= BN / 2 && (PH == BN / 2 || (WT == 1 && WK == 1 && (2 * PH) % 16 == 0)), "pair rows");
   extern __shared__ __align__(16) uint8_t gq_dsm[];
   uint8_t* const sm = gq_dsm;
   uint32_t* const rb = reinterpret_cast<uint32_t*>(sm + NS * STAGE);  // [warp][kg of the warp's CW][RW] rung pairs
@@ -1146,11 +1148,10 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
   const int rows = seg == 0 ? rows0 : seg == 1 ? rows1 : rows2;
   const float* __restrict__ bias = seg == 0 ? b0 : seg == 1 ? b1 : b2;
   const int ycol = seg == 0 ? 0 : seg == 1 ? rows0 : rows0 + rows1;
-  const int o0 = pair ? bx * PH : (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
-  // Block row r: its tensor (SwiGLU mode: up's from PH; rows from 2PH are
-  // idle, any valid row) and row there.
-  auto tens = [&](int r) { return pair && r >= PH ? W1 : W; };
-  auto trow = [&](int r) { return min(o0 + (pair ? (r >= PH ? r - PH : r) : r), rows - 1); };
+  const int o0 = pair ? bx * (BN / 2) : (bx - (seg == 0 ? 0 : seg == 1 ? n0 : n0 + n1)) * BN, ks = blockIdx.y, t0 = blockIdx.z * BM;
+  // Block row r: its tensor (SwiGLU mode: up's from 64) and row there.
+  auto tens = [&](int r) { return pair && r >= BN / 2 ? W1 : W; };
+  auto trow = [&](int r) { return min(o0 + (pair ? r & (BN / 2 - 1) : r), rows - 1); };
   // The warp's rows, tokens and first group of a stage.
   const int wr = RW * (warp % NR), tw = 16 * FW * (warp / NR % WT), wg = CW * (warp / (NR * WT));
   const int nb = cols / 32, nc = (nb + CG - 1) / CG;
@@ -1180,7 +1181,7 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const uint8_t* sw = srcW + (size_t)s * CG * 16;
 #pragma unroll
     for (int j = 0; j < UW; j++) {
-      const uint8_t* base = rw0 + j * (GQ_THREADS / CWU) >= PH ? srcW1 + (size_t)s * CG * 16 : sw;
+      const uint8_t* base = rw0 + j * (GQ_THREADS / CWU) >= BN / 2 ? srcW1 + (size_t)s * CG * 16 : sw;
       gq_cp16(st + dstW + j * (GQ_THREADS / CWU) * LDB, ok ? base + offW[j] : W, ok);
     }
     const size_t a = ((cbase + 5 * CG * (size_t)(c0 + s) / 8) & ~(size_t)3) + 4 * (tid & 1);
@@ -1200,8 +1201,12 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const uint8_t* sa = srcA + (size_t)s * CG * 64;
 #pragma unroll
     for (int j = 0; j < UA; j++)
-      if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4)
-        gq_cp16(st + dstA + AR * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
+      if (BM * CG * 4 >= GQ_THREADS * (j + 1) || tid + GQ_THREADS * j < BM * CG * 4) {
+        if (CA)
+          gq_cp16ca(st + dstA + AR * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
+        else
+          gq_cp16(st + dstA + AR * j * LDA, ok ? sa + offA[j] : reinterpret_cast<const uint8_t*>(XH), ok);
+      }
   };
   // Lane l's rung row wr + l%RW (groups GPL·(l/RW) ...): its ladder, 2^−E and code bytes.
   const int rr = lane % RW, rh = lane / RW;
@@ -1241,7 +1246,6 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     const uint8_t* st = sm + (s % NS) * STAGE;
     const int gv = min(CG, nb - (c0 + s) * CG);
     uint32_t* wrb = rb + warp * CW * RW;
-    if (pair && wr >= 2 * PH) continue;  // an idle warp of the _p56 tile (uniform): copies only
     {
       const size_t pb = 5 * CG * (size_t)(c0 + s), p = rcode + pb / 8;  // the chunk's first code: bit pb of the row's codes
       const uint2 cwd = *reinterpret_cast<const uint2*>(st + OFF_C + (wr + rr) * LDB);
@@ -1328,12 +1332,12 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
     return gh_pow2(gh_rowexp(ld_u16(Wt + lad + 4 * (size_t)oe), ld_u16(Wt + lad + 4 * (size_t)oe + 2)));
   };
   if (pair) {
-    // Block ks finishes float4 units [ks·U/KS, (ks+1)·U/KS) of the BM × PH outputs' U.
-    constexpr int U = BM * (PH / 4);
+    // Block ks finishes float4 units [ks·U/KS, (ks+1)·U/KS) of the BM × 64 outputs' U.
+    constexpr int U = BM * (BN / 8);
 #pragma unroll 1
     for (int v = ks * U / KS + tid; v < (ks + 1) * U / KS; v += GQ_THREADS) {
-      const int tl = v / (PH / 4), ol = (v % (PH / 4)) * 4, t = t0 + tl;
-      const float4 g4v = csum(red + tl * LDR + ol), u4v = csum(red + tl * LDR + PH + ol);
+      const int tl = v / (BN / 8), ol = (v % (BN / 8)) * 4, t = t0 + tl;
+      const float4 g4v = csum(red + tl * LDR + ol), u4v = csum(red + tl * LDR + BN / 2 + ol);
       if (t >= T) continue;
       const float gs[4] = {g4v.x, g4v.y, g4v.z, g4v.w}, us[4] = {u4v.x, u4v.y, u4v.z, u4v.w};
 #pragma unroll
@@ -1385,21 +1389,19 @@ __device__ __forceinline__ void gemmh_wide(const uint8_t* __restrict__ W0, const
       int rows2, int cols, const uint16_t *__restrict__ XH, float *__restrict__ Y, int ldy, int T,                  \
       const float *__restrict__ b0, const float *__restrict__ b1, const float *__restrict__ b2, int accumulate,       \
       uint16_t *__restrict__ hout, int ldh
-#define GEMMH_WIDE(name, FT, KS, NS, WT, CG, WK)                                                                  \
+#define GEMMH_WIDE(name, FT, KS, NS, WT, CG, WK, CA)                                                              \
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmh_##name(GEMMH_PARAMS) { \
-    gemmh_wide<FT, KS, NS, WT, CG, WK>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh); \
+    gemmh_wide<FT, KS, NS, WT, CG, WK, CA>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh); \
   }
-// BM, FT (BM = 16·FT), NS, WT, CG, WK; suffix t for WT = 2, c4 for CG = 4, r for WK = 2 (kern.GemmHTiles mirrors these).
-#define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, WK, SFX)             \
-  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT, CG, WK) \
-  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT, CG, WK) \
-  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT, CG, WK) \
-  GEMMH_WIDE(q4tp_w##BM##k7##SFX, FT, 7, NS, WT, CG, WK) \
-  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT, CG, WK)
-GEMMH_WIDE_KS(16, 1, 3, 1, 8, 1, )
-GEMMH_WIDE_KS(32, 2, 2, 1, 8, 1, )
-GEMMH_WIDE_KS(64, 4, 2, 1, 8, 1, )
-// SwiGLU mode only (kern.GemmQ.HalfLaunch picks it): 56 rows of gate and of up a block.
-extern "C" __global__ void __launch_bounds__(GQ_THREADS, 2) gemmh_q4tp_w64k1p56(GEMMH_PARAMS) {
-  gemmh_wide<4, 1, 2, 1, 8, 1, 56>(W0, W1, W2, rows0, rows1, rows2, cols, XH, Y, ldy, T, b0, b1, b2, accumulate, hout, ldh);
-}
+// BM, FT (BM = 16·FT), NS, WT, CG, WK, CA; suffix t for WT = 2, c4 for CG = 4, r for WK = 2, ca for
+// activations copied through L1 (kern.GemmHTiles mirrors these).
+#define GEMMH_WIDE_KS(BM, FT, NS, WT, CG, WK, CA, SFX)             \
+  GEMMH_WIDE(q4tp_w##BM##k1##SFX, FT, 1, NS, WT, CG, WK, CA) \
+  GEMMH_WIDE(q4tp_w##BM##k2##SFX, FT, 2, NS, WT, CG, WK, CA) \
+  GEMMH_WIDE(q4tp_w##BM##k4##SFX, FT, 4, NS, WT, CG, WK, CA) \
+  GEMMH_WIDE(q4tp_w##BM##k7##SFX, FT, 7, NS, WT, CG, WK, CA) \
+  GEMMH_WIDE(q4tp_w##BM##k8##SFX, FT, 8, NS, WT, CG, WK, CA)
+GEMMH_WIDE_KS(16, 1, 3, 1, 8, 1, 0, )
+GEMMH_WIDE_KS(32, 2, 2, 1, 8, 1, 0, )
+GEMMH_WIDE_KS(64, 4, 2, 1, 8, 1, 0, )
+GEMMH_WIDE_KS(64, 4, 2, 1, 8, 1, 1, ca)
