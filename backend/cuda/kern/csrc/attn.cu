@@ -242,6 +242,17 @@ __device__ __forceinline__ void at_storeh(uint16_t* __restrict__ row, int c, flo
 // outh, when not null: the output also as the half wide GEMM's f16
 // activations, rows of nq·hd in gemmh_acth's order (o_proj's input, so it
 // needs no gemmh_acth launch).
+// Split s of attn_tiles and attn_mma_h: the row's length len = pos + 1
+// clamped to [0, ctx], chunks of ⌈len/nsplit⌉ positions but at least
+// AT_TP, and the split's positions [t0, t1) (empty past the length).
+__device__ __forceinline__ void at_split(int pos, int ctx, int nsplit, int s, int& len, int& chunk, int& t0, int& t1) {
+  len = pos + 1;
+  len = len < 0 ? 0 : (len > ctx ? ctx : len);
+  chunk = max((len + nsplit - 1) / nsplit, AT_TP);
+  t0 = min(len, s * chunk);
+  t1 = min(len, t0 + chunk);
+}
+
 // The split merge of attn_tiles and attn_mma_h, in every block of (row
 // r = blockIdx.z, kv head kh = blockIdx.y) after it wrote its partials:
 // the last of them to finish merges (last: a shared flag).
@@ -328,10 +339,8 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = nq / nkv, hd4 = hd / 4, st = E::stride(hd);
   const int epc = 16 / (int)sizeof(T), cpr = hd / epc;  // elements a 16-byte copy, copies a row
-  int len = pos[r] + 1;
-  len = len < 0 ? 0 : (len > ctx ? ctx : len);
-  const int chunk = max((len + nsplit - 1) / nsplit, AT_TP);
-  const int t0 = min(len, s * chunk), t1 = min(len, t0 + chunk);
+  int len, chunk, t0, t1;
+  at_split(pos[r], ctx, nsplit, s, len, chunk, t0, t1);
   const int ntile = (t1 - t0 + AT_TP - 1) / AT_TP;
   const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * hd;
   float* qs = sm;                       // [8][hd], scaled
@@ -487,10 +496,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, int l
   const int s = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g4 = lane >> 2, q4 = lane & 3;
   const int G = nq / nkv;
-  int len = pos[r] + 1;
-  len = len < 0 ? 0 : (len > ctx ? ctx : len);
-  const int chunk = max((len + nsplit - 1) / nsplit, AT_TP);
-  const int t0 = min(len, s * chunk), t1 = min(len, t0 + chunk);
+  int len, chunk, t0, t1;
+  at_split(pos[r], ctx, nsplit, s, len, chunk, t0, t1);
   const int ntile = (t1 - t0 + AM_TP - 1) / AM_TP;
   const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * HD;
   __half* const ring = qs + 16 * LDS + warp * 2 * 2 * TILE;  // the warp's [stage][K, V][AM_TP][LDS]
@@ -591,7 +598,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, int l
 #pragma unroll
     for (int nn = 0; nn < NO; nn += 2) {
       uint32_t vb[4];  // b0, b1 of dimensions 8nn.., then of 8nn+8..
-      gq_ldsm4t(vb, reinterpret_cast<const uint8_t*>(vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nn * 8 + (lane >> 4) * 8));
+      gq_ldsm4<true>(vb, reinterpret_cast<const uint8_t*>(vt + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nn * 8 + (lane >> 4) * 8));
       gh_mma(o[nn], pa, vb[0], vb[1]);
       gh_mma(o[nn + 1], pa, vb[2], vb[3]);
     }

@@ -152,20 +152,22 @@ __device__ __forceinline__ int block_sum_i(int v, int* sh) {
 }
 
 // Four 8×8 b16 matrices (here 8 rows × 16 bytes) from shared memory
-// (ldmatrix; gq_ldsm4t transposed: each lane gets a column pair).
-__device__ __forceinline__ void gq_ldsm4(uint32_t (&r)[4], const uint8_t* p) {
+// (ldmatrix): lane l gives the address of row l%8 of matrix l/8 and
+// receives, in r[i], row l/4, elements 2(l%4) and 2(l%4)+1 of matrix i
+// (TRANS: column l/4, rows 2(l%4) and 2(l%4)+1).
+template <bool TRANS = false>
+__device__ __forceinline__ void gq_ldsm4(uint32_t (&r)[4], const void* p) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-__device__ __forceinline__ void gq_ldsm4t(uint32_t (&r)[4], const uint8_t* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 
 // c += A·B for A 16×16 f16 (row), B 16×8 f16 (col), f32.

@@ -30,17 +30,6 @@
 #define GM_LDE (32 + 8)    // floats per row of a warp's epilogue strip (float2 stores conflict-free)
 #define GM_THREADS 256
 
-// Four 8×8 bf16 matrices from shared memory; lane l gives the address of
-// row l%8 of matrix l/8 and receives, in r[i], row l/4, elements 2(l%4) and
-// 2(l%4)+1 of matrix i.
-__device__ __forceinline__ void gm_ldsm4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
 // d += A·B for A 16×16 (row-major fragment a), B 16×8 (column-major b0, b1).
 __device__ __forceinline__ void gm_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -280,9 +269,9 @@ __device__ __forceinline__ void gemm_body(const uint8_t* __restrict__ W, int row
     for (int kk = 0; kk < GM_BK; kk += 16) {
       uint32_t fa[FT][4], fb[2][4];  // fb[p]: weight rows wn+16p.. : (b0, b1) of tile 2p, then of 2p+1
 #pragma unroll
-      for (int i = 0; i < FT; i++) gm_ldsm4(fa[i], As + arow + 16 * i * GM_LD + kk);
+      for (int i = 0; i < FT; i++) gq_ldsm4(fa[i], As + arow + 16 * i * GM_LD + kk);
 #pragma unroll
-      for (int p = 0; p < 2; p++) gm_ldsm4(fb[p], Bs + brow + 16 * p * GM_LD + kk);
+      for (int p = 0; p < 2; p++) gq_ldsm4(fb[p], Bs + brow + 16 * p * GM_LD + kk);
 #pragma unroll
       for (int i = 0; i < FT; i++)
 #pragma unroll
