@@ -153,12 +153,12 @@ func (n *net) step(ops backend.Ops) {
 // uses the same bytes, and q4tp encoding is slow.
 var encoded sync.Map
 
-func encode(c Case, name string, seed uint64, w []float32, rows, cols int) ([]byte, error) {
+func encode(c Case, dt quant.DType, name string, seed uint64, w []float32, rows, cols int) ([]byte, error) {
 	key := fmt.Sprintf("%+v/%s/%d", c, name, seed)
 	if b, ok := encoded.Load(key); ok {
 		return b.([]byte), nil
 	}
-	b, err := quant.Encode(c.DType, w, []int{rows, cols}, nil)
+	b, err := quant.Encode(dt, w, []int{rows, cols}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: encode %s: %w", c.Name, name, err)
 	}
@@ -171,7 +171,7 @@ func encode(c Case, name string, seed uint64, w []float32, rows, cols int) ([]by
 func build(dev backend.Device, c Case, seed uint64) (*net, error) {
 	r := rand.New(rand.NewPCG(seed, 77))
 	var err error
-	mat := func(name string, rows, cols int, sd float64) backend.Mat {
+	matAs := func(dt quant.DType, name string, rows, cols int, sd float64) backend.Mat {
 		if err != nil {
 			return nil
 		}
@@ -179,15 +179,16 @@ func build(dev backend.Device, c Case, seed uint64) (*net, error) {
 		for i := range w {
 			w[i] = float32(r.NormFloat64() * sd)
 		}
-		b, e := encode(c, name, seed, w, rows, cols)
+		b, e := encode(c, dt, name, seed, w, rows, cols)
 		if e != nil {
 			err = e
 			return nil
 		}
 		var m backend.Mat
-		m, err = dev.LoadMat(name, c.DType, rows, cols, b)
+		m, err = dev.LoadMat(name, dt, rows, cols, b)
 		return m
 	}
+	mat := func(name string, rows, cols int, sd float64) backend.Mat { return matAs(c.DType, name, rows, cols, sd) }
 	vec := func(n int, mean, sd float64) backend.Vec {
 		if err != nil {
 			return nil
@@ -238,14 +239,16 @@ func build(dev backend.Device, c Case, seed uint64) (*net, error) {
 		}
 		n.mlp = m
 	case "moe":
-		m := &backend.MoE{Norm: norm(c.H), Router: mat("router", c.Experts, c.H, 0.5), TopK: c.TopK, Renorm: c.Renorm}
+		// The router and the shared expert's gate in float32, as the
+		// importer stores them (convert's policy).
+		m := &backend.MoE{Norm: norm(c.H), Router: matAs(quant.F32, "router", c.Experts, c.H, 0.5), TopK: c.TopK, Renorm: c.Renorm}
 		for e := range c.Experts {
 			p := fmt.Sprintf("expert%d.", e)
 			m.Experts = append(m.Experts, backend.Expert{Gate: mat(p+"gate", c.I, c.H, 0.1), Up: mat(p+"up", c.I, c.H, 0.1), Down: mat(p+"down", c.H, c.I, 0.1)})
 		}
 		if c.Shared {
 			m.Shared = &backend.Expert{Gate: mat("shared.gate", c.I, c.H, 0.1), Up: mat("shared.up", c.I, c.H, 0.1), Down: mat("shared.down", c.H, c.I, 0.1)}
-			m.SharedGate = mat("shared_gate", 1, c.H, 0.2)
+			m.SharedGate = matAs(quant.F32, "shared_gate", 1, c.H, 0.2)
 		}
 		n.moe = m
 		n.spec.MoE = backend.MoEShape{Experts: c.Experts, TopK: c.TopK, Inter: c.I}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -179,6 +180,90 @@ func rmsApply(x []float64, w f32s, eps float32, onePlus bool, out func(i int, v 
 	}
 }
 
+// headNorm is head_rmsnorm's model over x[b : b+hd) in place.
+func (f *fakeGPU) headNorm(x f32s, b, hd int, w f32s, eps float32, onePlus bool) {
+	row := make([]float64, hd)
+	for i := range row {
+		row[i] = float64(x.at(b + i))
+	}
+	rmsApply(row, w, eps, onePlus, func(i int, v float32) { x.set(b+i, v) })
+}
+
+// route is moe_route's model over R rows of E logits (ldl apart): the
+// softmax written back, the top k by probability (the lower index first
+// on ties) into ids and wv, renormalised when asked.
+func (f *fakeGPU) route(lg f32s, ldl, E, k int, renorm bool, ids []byte, wv f32s, R int) {
+	for r := range R {
+		p := make([]float64, E)
+		mx := math.Inf(-1)
+		for e := range E {
+			mx = math.Max(mx, float64(lg.at(r*ldl+e)))
+		}
+		var sum float64
+		for e := range E {
+			p[e] = float64(float32(math.Exp(float64(lg.at(r*ldl+e)) - mx)))
+			sum += p[e]
+		}
+		for e := range E {
+			p[e] = float64(float32(p[e]) * float32(1/sum))
+			lg.set(r*ldl+e, float32(p[e]))
+		}
+		var ws float32
+		taken := map[int]bool{}
+		for j := range k {
+			best := -1
+			for e := range E {
+				if !taken[e] && (best < 0 || p[e] > p[best]) {
+					best = e
+				}
+			}
+			taken[best] = true
+			binary.LittleEndian.PutUint32(ids[4*(r*k+j):], uint32(int32(best)))
+			wv.set(r*k+j, float32(p[best]))
+			ws += float32(p[best])
+		}
+		if renorm {
+			for j := range k {
+				wv.set(r*k+j, wv.at(r*k+j)/ws)
+			}
+		}
+	}
+}
+
+// moeActs is an expert product's input as the device has it: int8 per
+// block of 32 (kern.ActQuant) for quantized experts, float for the rest.
+func moeActs(fam string, xp []float32) []float64 {
+	if fam == "q8row" || fam == "q4tp" {
+		return kern.ActQuant(xp)
+	}
+	xq := make([]float64, len(xp))
+	for i, v := range xp {
+		xq[i] = float64(v)
+	}
+	return xq
+}
+
+// moeProductQ is expert e's matrix m (of the table's nmat·E pointers)
+// times the activations xq as the device takes them (moeActs).
+func (f *fakeGPU) moeProductQ(fam string, table driver.DevicePtr, E, e, m, rowsE, cols int, xq []float64) []float32 {
+	wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(table.Add(int64(8*(m*E+e))), 8)))
+	w := f.weights(fam, wp, rowsE, cols)
+	y := make([]float32, rowsE)
+	for o := range y {
+		var acc float64
+		for i, xv := range xq {
+			acc += float64(w[o*cols+i]) * xv
+		}
+		y[o] = float32(acc)
+	}
+	return y
+}
+
+// moeProduct is moeProductQ of the float activations xp.
+func (f *fakeGPU) moeProduct(fam string, table driver.DevicePtr, E, e, m, rowsE, cols int, xp []float32) []float32 {
+	return f.moeProductQ(fam, table, E, e, m, rowsE, cols, moeActs(fam, xp))
+}
+
 // exec runs one launch's model on the fake memory.
 func (f *fakeGPU) exec(c *fakeCall) {
 	g := c.cfg.Grid
@@ -208,12 +293,7 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		x, w := f.view(c.ptr(0), int(rowsSpan(R, ldx, nh*hd)/4)), f.view(c.ptr(2), hd)
 		for r := range R {
 			for h := range nh {
-				b := r*ldx + h*hd
-				row := make([]float64, hd)
-				for i := range row {
-					row[i] = float64(x.at(b + i))
-				}
-				rmsApply(row, w, eps, op, func(i int, v float32) { x.set(b+i, v) })
+				f.headNorm(x, r*ldx+h*hd, hd, w, eps, op)
 			}
 		}
 	case strings.HasPrefix(name, "mv_q8row_"), strings.HasPrefix(name, "mv_q4tp_"):
@@ -462,6 +542,9 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 		for r := range R {
 			for h := range nq + nkv {
+				if nw := c.ptr(13 + b2i(h >= nq)); nw != 0 { // the fused q/k norms
+					f.headNorm(qkv, r*ld+h*hd, hd, f.view(nw, hd), c.f32(15), c.int(16) != 0)
+				}
 				rotate(r*ld+h*hd, pos[r])
 			}
 			if pos[r] < 0 || pos[r] >= ctx {
@@ -657,42 +740,63 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		}
 	case name == "moe_route":
 		ldl, E, k, renorm, R := c.int(1), c.int(2), c.int(3), c.int(4) != 0, int(g.X)
-		lg := f.view(c.ptr(0), int(rowsSpan(R, ldl, E)/4))
-		ids := f.bytesAt(c.ptr(5), 4*int64(R*k))
-		wv := f.view(c.ptr(6), R*k)
+		f.route(f.view(c.ptr(0), int(rowsSpan(R, ldl, E)/4)), ldl, E, k, renorm, f.bytesAt(c.ptr(5), 4*int64(R*k)), f.view(c.ptr(6), R*k), R)
+	case name == "moe_router_f32":
+		// rmsnorm into xb, the router's float32 matvec, moe_route.
+		ldx, eps, op, H, E, k, renorm, ldl, ldxb, R := c.int(1), c.f32(3), c.int(4) != 0, c.int(6), c.int(7), c.int(8), c.int(9) != 0, c.int(11), c.int(15), int(g.Y)
+		x, nw, xb := f.view(c.ptr(0), int(rowsSpan(R, ldx, H)/4)), f.view(c.ptr(2), H), f.view(c.ptr(14), int(rowsSpan(R, ldxb, H)/4))
+		W, lg := f.view(c.ptr(5), E*H), f.view(c.ptr(10), int(rowsSpan(R, ldl, E)/4))
 		for r := range R {
-			p := make([]float64, E)
-			mx := math.Inf(-1)
-			for e := range E {
-				mx = math.Max(mx, float64(lg.at(r*ldl+e)))
+			row := make([]float64, H)
+			for i := range row {
+				row[i] = float64(x.at(r*ldx + i))
 			}
-			var sum float64
+			rmsApply(row, nw, eps, op, func(i int, v float32) { xb.set(r*ldxb+i, v) })
 			for e := range E {
-				p[e] = float64(float32(math.Exp(float64(lg.at(r*ldl+e)) - mx)))
-				sum += p[e]
+				var acc float64
+				for i := range H {
+					acc += float64(W.at(e*H+i)) * float64(xb.at(r*ldxb+i))
+				}
+				lg.set(r*ldl+e, float32(acc))
 			}
-			for e := range E {
-				p[e] = float64(float32(p[e]) * float32(1/sum))
-				lg.set(r*ldl+e, float32(p[e]))
+		}
+		f.route(lg, ldl, E, k, renorm, f.bytesAt(c.ptr(12), 4*int64(R*k)), f.view(c.ptr(13), R*k), R)
+		if cnt, _ := f.ints(c.ptr(16), R); slices.ContainsFunc(cnt, func(v int) bool { return v != 0 }) {
+			f.t.Fatalf("fake: moe_router_f32's counters are %v, not zeros", cnt)
+		}
+	case strings.HasPrefix(name, "mv_moe_dc_"):
+		// mv_moe_* over the slots' SwiGLU rows, then moe_combine into y.
+		fam := strings.TrimPrefix(name, "mv_moe_dc_")
+		E, nslot, k, rowsE, cols, ldx, xoff, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(12)
+		R := nslot / k
+		x, y := f.view(c.ptr(7), int(rowsSpan(nslot, ldx, xoff+cols)/4)), f.view(c.ptr(11), int(rowsSpan(R, ldy, rowsE)/4))
+		ids, wv := f.bytesAt(c.ptr(2), 4*int64(nslot)), f.view(c.ptr(13), nslot)
+		var ys, sg f32s
+		if c.ptr(14) != 0 {
+			ys, sg = f.view(c.ptr(14), int(rowsSpan(R, ldy, rowsE)/4)), f.view(c.ptr(15), R)
+		}
+		for r := range R {
+			acc := make([]float32, rowsE)
+			for o := range acc {
+				acc[o] = y.at(r*ldy + o)
 			}
-			var ws float32
-			taken := map[int]bool{}
 			for j := range k {
-				best := -1
-				for e := range E {
-					if !taken[e] && (best < 0 || p[e] > p[best]) {
-						best = e
-					}
+				s := r*k + j
+				xp := make([]float32, cols)
+				for i := range xp {
+					v := float64(x.at(s*ldx + i))
+					xp[i] = float32(v / (1 + math.Exp(-v)) * float64(x.at(s*ldx+xoff+i)))
 				}
-				taken[best] = true
-				binary.LittleEndian.PutUint32(ids[4*(r*k+j):], uint32(int32(best)))
-				wv.set(r*k+j, float32(p[best]))
-				ws += float32(p[best])
+				d := f.moeProduct(fam, c.ptr(0), E, int(int32(binary.LittleEndian.Uint32(ids[4*s:]))), 0, rowsE, cols, xp)
+				for o := range acc {
+					acc[o] += wv.at(s) * d[o]
+				}
 			}
-			if renorm {
-				for j := range k {
-					wv.set(r*k+j, wv.at(r*k+j)/ws)
+			for o := range acc {
+				if ys != nil {
+					acc[o] += float32(1/(1+math.Exp(-float64(sg.at(r))))) * ys.at(r*ldy+o)
 				}
+				y.set(r*ldy+o, acc[o])
 			}
 		}
 	case strings.HasPrefix(name, "mv_moe_"):
@@ -724,25 +828,11 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 				xp[i] = v
 			}
-			var xq []float64
-			if fam == "q8row" || fam == "q4tp" {
-				xq = kern.ActQuant(xp)
-			} else { // float experts: the activations as they are
-				xq = make([]float64, cols)
-				for i, v := range xp {
-					xq[i] = float64(v)
-				}
-			}
+			xq := moeActs(fam, xp)
 			e := int(int32(binary.LittleEndian.Uint32(ids[4*s:])))
 			for m := range nmat {
-				wp := driver.DevicePtr(binary.LittleEndian.Uint64(f.bytesAt(c.ptr(0).Add(int64(8*(m*E+e))), 8)))
-				w := f.weights(fam, wp, rowsE, cols)
-				for o := range rowsE {
-					var acc float64
-					for i, xv := range xq {
-						acc += float64(w[o*cols+i]) * xv
-					}
-					y.set(s*ldy+m*rowsE+o, float32(acc))
+				for o, v := range f.moeProductQ(fam, c.ptr(0), E, e, m, rowsE, cols, xq) {
+					y.set(s*ldy+m*rowsE+o, v)
 				}
 			}
 		}
@@ -1140,6 +1230,78 @@ func TestMoEGroupedOnFake(t *testing.T) {
 			break
 		}
 		t.Logf("graphs %v: %d grouped expert GEMMs", graphs, grouped)
+	}
+}
+
+// TestMoEFusedOnFake: the parity suite's mixture-of-experts cases with
+// quantized experts run their decode steps' MoE blocks fused
+// (moe_router_f32 for the norm, router and routing; mv_moe_dc_* for the
+// down products and the combine: no moe_route or moe_combine in a step of
+// at most 8 rows) and give the logits of Options.NoFusion (the general
+// launches, none of the fused kernels) to rounding and the CPU's to 1e-5.
+func TestMoEFusedOnFake(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	for _, graphs := range []bool{false, true} {
+		f := newFake(t, 4)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		f2 := newFake(t, 4)
+		f2.numeric, f2.decoded = true, map[string][]float32{}
+		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoFusion: true})
+		fused, shared := 0, 0
+		for _, k := range backendtest.Cases() {
+			if k.Op != "moe" || k.DType != quant.Q8Row && k.DType != quant.Q4TP {
+				continue
+			}
+			for name, sched := range backendtest.Schedules() {
+				n0, m0 := len(f.calls), len(f2.calls)
+				got, err := backendtest.Run(d, k, sched, 11)
+				if err != nil {
+					t.Fatalf("%s / %s: %v", k.Name, name, err)
+				}
+				plain, err := backendtest.Run(d2, k, sched, 11)
+				if err != nil {
+					t.Fatalf("%s / %s (NoFusion): %v", k.Name, name, err)
+				}
+				routers := 0
+				for _, call := range f.calls[n0:] {
+					switch {
+					case call.name == "moe_router_f32":
+						routers++
+					case strings.HasPrefix(call.name, "mv_moe_dc_"):
+						fused++
+						if call.ptr(14) != 0 {
+							shared++
+						}
+					case call.name == "moe_combine" && call.ptr(9) == 0:
+						t.Errorf("%s / %s: an ungrouped moe_combine ran beside the fused kernels", k.Name, name)
+					}
+				}
+				if routers == 0 {
+					t.Errorf("%s / %s: no moe_router_f32 ran", k.Name, name)
+				}
+				for _, call := range f2.calls[m0:] {
+					if call.name == "moe_router_f32" || strings.HasPrefix(call.name, "mv_moe_dc_") {
+						t.Fatalf("%s / %s: %s ran with NoFusion", k.Name, name, call.name)
+					}
+				}
+				want, err := backendtest.Run(c, k, sched, 11)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := backendtest.NMSE(got, want); n > 1e-5 || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: fused NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
+				}
+				if n := backendtest.NMSE(got, plain); n > 1e-9 || math.IsNaN(n) {
+					t.Errorf("graphs %v: %s / %s: fused vs NoFusion NMSE %.3g (tolerance 1e-9)", graphs, k.Name, name, n)
+				}
+			}
+		}
+		if fused == 0 || shared == 0 {
+			t.Fatalf("graphs %v: %d fused down+combine launches, %d with a shared expert", graphs, fused, shared)
+		}
+		t.Logf("graphs %v: %d fused down+combine launches (%d with a shared expert)", graphs, fused, shared)
 	}
 }
 

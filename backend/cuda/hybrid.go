@@ -68,14 +68,30 @@ func (st *state) MoE(w *backend.MoE) {
 		st.fail(fmt.Errorf("cuda: mixture of %d experts (the device routes at most %d)", E, kern.MoEMaxExperts))
 		return
 	}
-	st.rmsnorm(x, xb, R, H, &w.Norm)
-	st.mv(w.Router.(*mat), xb, H, logits, E, 0, false, R)
-	st.a().Ptr(logits).Int(E).Int(E).Int(k).Int(b2i(w.Renorm)).Ptr(ids).Ptr(wts)
-	st.launch("moe_route", driver.D1(R), driver.D1(256), 0)
-	var inv driver.DevicePtr
-	if R > moeGroupRows && st.moeGroupable(w, dt, H, I, R*k) {
-		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
+	grouped := R > moeGroupRows && st.moeGroupable(w, dt, H, I, R*k)
+	// Decode steps (not grouped, quantized experts): the norm, the router
+	// and the routing in one launch (moe_router_f32), the down products
+	// and the combine in another (mv_moe_dc_*): 3 launches a block where
+	// the general path takes 6. Options.NoFusion keeps the general path.
+	fused := !grouped && st.moeFusable(w, dt, H)
+	if fused {
+		r := w.Router.(*mat)
+		cnt := st.bufZeroed("moe_cnt", int64(M)*4)
+		calls := kern.MoERouterArgs{X: x, Ldx: H, Norm: ptrOf(w.Norm.W), Eps: w.Norm.Eps, OnePlus: w.Norm.OnePlus, Router: r.p,
+			H: H, E: E, K: k, Renorm: w.Renorm, Logits: logits, Ldl: E, IDs: ids, W8: wts, XB: xb, Ldxb: H, Cnt: cnt, R: R}
+		calls.Pack(st.a())
+		st.launch("moe_router_f32", calls.Grid(), calls.Block(), 0)
 	} else {
+		st.rmsnorm(x, xb, R, H, &w.Norm)
+		st.mv(w.Router.(*mat), xb, H, logits, E, 0, false, R)
+		st.a().Ptr(logits).Int(E).Int(E).Int(k).Int(b2i(w.Renorm)).Ptr(ids).Ptr(wts)
+		st.launch("moe_route", driver.D1(R), driver.D1(256), 0)
+	}
+	var inv driver.DevicePtr
+	switch {
+	case grouped:
+		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
+	case !fused:
 		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k)
 	}
 	var ys, sg driver.DevicePtr
@@ -92,8 +108,46 @@ func (st *state) MoE(w *backend.MoE) {
 		st.mv(w.Shared.Down.(*mat), sh, sI, ys, H, 0, false, R)
 		st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
 	}
+	if fused {
+		st.moeSlotsCombine(dt, tabs, xb, ids, wts, gu, x, ys, sg, R, H, I, E, k)
+		return
+	}
 	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H).Ptr(inv)
 	st.launch("moe_combine", driver.D2((H+255)/256, R), driver.D1(256), 0)
+}
+
+// moeFusable reports whether a decode step's MoE block takes the fused
+// launches: at most maxMatvecRows rows, q4tp or q8_row experts, a float32
+// router moe_router_f32 takes, not Options.NoFusion.
+func (st *state) moeFusable(w *backend.MoE, dt quant.DType, H int) bool {
+	r, ok := w.Router.(*mat)
+	return ok && st.rows <= maxMatvecRows && !st.d.opt.NoFusion && (dt == quant.Q4TP || dt == quant.Q8Row) &&
+		r.dt == quant.F32 && r.cols == H && r.rows == len(w.Experts) && kern.MoERouterFits(r.rows, H, r.p)
+}
+
+// moeSlotsCombine runs the experts of a decode step fused: per chunk of
+// moeMaxSlots slots, the gate|up products (mv_moe_*, as moeSlots) and then
+// mv_moe_dc_*: the down products summed by their weights (and the gated
+// shared expert ys, sg when set) straight into x.
+func (st *state) moeSlotsCombine(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, wts, gu, x, ys, sg driver.DevicePtr, R, H, I, E, k int) {
+	chunk := max(1, moeMaxSlots/k)
+	for c0 := 0; c0 < R; c0 += chunk {
+		n := min(chunk, R-c0)
+		sl := int64(c0 * k)
+		st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
+		dc := kern.MoEDownCombineArgs{Table: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, Rows: H, Cols: I,
+			X: gu.Add(4 * sl * int64(2*I)), Ldx: 2 * I, Xoff: I, Y: x.Add(4 * int64(c0) * int64(H)), Ldy: H, W8: wts.Add(4 * sl)}
+		if ys != 0 {
+			dc.YS, dc.G = ys.Add(4*int64(c0)*int64(H)), sg.Add(4*int64(c0))
+		}
+		if err := dc.Check(dt); err != nil {
+			st.fail(fmt.Errorf("cuda: %w", err))
+			return
+		}
+		dc.Pack(st.a())
+		st.launch("mv_moe_dc_"+kern.MoEExpertFamily(dt), kern.MoEDownCombineGrid(n, H, st.d.info.SMs), driver.D1(512), kern.MatvecShared(I, n*k))
+	}
 }
 
 // moeGroupRows: steps of more rows than this (prefill chunks, large

@@ -1139,12 +1139,18 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.a().Ptr(dst).Int(ldd).Ptr(qkv).Int(ld).Ptr(gate).Int(qd).Int(nq).Int(hd).Int(2 * kvd)
 		st.launch("gate_split", driver.D2((qd+2*kvd+255)/256, R), driver.D1(256), 0)
 	}
-	// q/k norm per head, then RoPE and the K/V append at each row's slot.
-	if w.QNorm != nil {
+	// q/k norm per head, then RoPE and the K/V append at each row's slot:
+	// the norms inside rope_qk_append where they share eps and centring
+	// (Options.NoFusion: head_rmsnorm launches first).
+	hn := st.headNorms(w, hd)
+	if st.err != nil {
+		return
+	}
+	if w.QNorm != nil && hn.Q == 0 {
 		st.a().Ptr(qkv).Int(ld).Ptr(ptrOf(w.QNorm.W)).Int(hd).F32(w.QNorm.Eps).Int(b2i(w.QNorm.OnePlus))
 		st.launch("head_rmsnorm", driver.D2(nq, R), driver.D1(32), 0)
 	}
-	if w.KNorm != nil {
+	if w.KNorm != nil && hn.K == 0 {
 		st.a().Ptr(qkv.Add(int64(4 * qd))).Int(ld).Ptr(ptrOf(w.KNorm.W)).Int(hd).F32(w.KNorm.Eps).Int(b2i(w.KNorm.OnePlus))
 		st.launch("head_rmsnorm", driver.D2(nkv, R), driver.D1(32), 0)
 	}
@@ -1162,12 +1168,14 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 			st.a().Ptr(qkv.Add(4 * int64(r0) * int64(ld))).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).
 				Ptr(st.dynInv.Add(int64(4 * i * (r.Dim() / 2)))).F32(st.dynMS[i]).
 				Ptr(st.pos().Add(int64(4 * r0))).Ptr(st.slot().Add(int64(4 * r0))).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
+			hn.Pack(&st.args)
 			st.launch(kern.RopeQKAppendKernel(d.kvHalf), driver.D2(nq+nkv, n), driver.D1(64), 0)
 			r0 = last + 1
 		}
 	} else {
 		st.a().Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(r.Dim()).Ptr(r.inv).F32(r.mscale).
 			Ptr(st.pos()).Ptr(st.slot()).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Int(ctx)
+		hn.Pack(&st.args)
 		st.launch(kern.RopeQKAppendKernel(d.kvHalf), driver.D2(nq+nkv, R), driver.D1(64), 0)
 	}
 	// Causal attention: row r sees positions ≤ pos[r] (its chunk's earlier
@@ -1217,6 +1225,30 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	}
 	// x += o_proj(att) (+ bias): the residual add in the matvec's epilogue.
 	st.mv(w.O.(*mat), att, qd, x, H, ptrOf(w.BO), true, R)
+}
+
+// headNorms returns the q/k norms rope_qk_append applies itself: both
+// (or the one present) when they share eps and centring, none under
+// Options.NoFusion or when they differ (head_rmsnorm then runs first).
+func (st *state) headNorms(w *backend.Attention, hd int) kern.HeadNorms {
+	var n kern.HeadNorms
+	for _, hn := range []*backend.Norm{w.QNorm, w.KNorm} {
+		if hn != nil && (hn.W == nil || hn.W.Len() != hd) {
+			st.fail(fmt.Errorf("cuda: a q/k norm over heads of %d needs a weight of %d", hd, hd))
+			return n
+		}
+	}
+	q, k := w.QNorm, w.KNorm
+	if st.d.opt.NoFusion || (q == nil && k == nil) || (q != nil && k != nil && (q.Eps != k.Eps || q.OnePlus != k.OnePlus)) {
+		return n
+	}
+	if q != nil {
+		n.Q, n.Eps, n.OnePlus = ptrOf(q.W), q.Eps, q.OnePlus
+	}
+	if k != nil {
+		n.K, n.Eps, n.OnePlus = ptrOf(k.W), k.Eps, k.OnePlus
+	}
+	return n
 }
 
 // dynamicRope computes, once per step, each sequence's dynamic-NTK

@@ -317,6 +317,25 @@ func (f *fakeGPU) span(what string, p driver.DevicePtr, n int64) error {
 	return nil
 }
 
+// optSpan is span for an optional pointer (0: absent, no error).
+func (f *fakeGPU) optSpan(what string, p driver.DevicePtr, n int64) error {
+	if p == 0 {
+		return nil
+	}
+	return f.span(what, p, n)
+}
+
+// normedRope reports whether a launch so far was a rope_qk_append that
+// applies q or k norms itself.
+func (f *fakeGPU) normedRope() bool {
+	for _, c := range f.calls {
+		if strings.HasPrefix(c.name, "rope_qk_append") && (c.ptr(13) != 0 || c.ptr(14) != 0) {
+			return true
+		}
+	}
+	return false
+}
+
 // rowsSpan is the extent of R rows of width n floats at stride ld.
 func rowsSpan(R, ld, n int) int64 { return 4 * (int64(R-1)*int64(ld) + int64(n)) }
 
@@ -581,7 +600,8 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(int(g.X) == nq+nkv && b.X == 64, "shape"), want(ld >= (nq+2*nkv)*hd, "ld %d", ld),
 			want(rot <= hd && rot%2 == 0, "rot %d", rot),
 			f.span("qkv", c.ptr(0), rowsSpan(R, ld, (nq+2*nkv)*hd)), f.span("inv", c.ptr(6), 4*int64(max(rot/2, 1))),
-			f.checkKV(c, 8, 9, 10, 11, R, nkv, hd, ctx))
+			f.checkKV(c, 8, 9, 10, 11, R, nkv, hd, ctx), f.optSpan("q norm", c.ptr(13), 4*int64(hd)),
+			f.optSpan("k norm", c.ptr(14), 4*int64(hd)), want(c.int(16) == 0 || c.int(16) == 1, "one_plus %d", c.int(16)))
 	case name == "attn_split":
 		ldq, nq, nkv, hd, ctx, nsplit := c.int(1), c.int(7), c.int(8), c.int(9), c.int(10), c.int(11)
 		R := int(g.Z)
@@ -628,6 +648,24 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		ldl, E, k, R := c.int(1), c.int(2), c.int(3), int(g.X)
 		return errorsJoin(want(b.X == 256 && ldl >= E && k >= 1 && k <= E, "shape"),
 			f.span("logits", c.ptr(0), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(5), 4*int64(R*k)), f.span("w", c.ptr(6), 4*int64(R*k)))
+	case name == "moe_router_f32":
+		ldx, H, E, k, ldl, ldxb, R := c.int(1), c.int(6), c.int(7), c.int(8), c.int(11), c.int(15), int(g.Y)
+		return errorsJoin(want(int(g.X) == (E+kern.MoERouterRows-1)/kern.MoERouterRows && b.X == 32*kern.MoERouterRows && c.cfg.Shared == 0, "shape"),
+			want(kern.MoERouterFits(E, H, c.ptr(5)) && k >= 1 && k <= E && ldl >= E && ldx >= H && ldxb >= H, "sizes"),
+			f.span("x", c.ptr(0), rowsSpan(R, ldx, H)), f.span("norm", c.ptr(2), 4*int64(H)), f.span("router", c.ptr(5), 4*int64(E*H)),
+			f.span("logits", c.ptr(10), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(12), 4*int64(R*k)), f.span("w", c.ptr(13), 4*int64(R*k)),
+			f.span("xb", c.ptr(14), rowsSpan(R, ldxb, H)), f.span("cnt", c.ptr(16), 4*int64(R)))
+	case strings.HasPrefix(name, "mv_moe_dc_"):
+		E, nslot, k, rowsE, cols, ldx, xoff, pro, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(10), c.int(12)
+		R := nslot / max(k, 1)
+		errs := []error{want(b.X == 512 && g == kern.MoEDownCombineGrid(R, rowsE, 132) && c.cfg.Shared == kern.MatvecShared(cols, nslot), "shape"),
+			want(k >= 1 && nslot%k == 0 && nslot <= 64 && pro == kern.ProSilu && ldx >= xoff+cols && ldy >= rowsE && E >= 1, "sizes"),
+			f.span("table", c.ptr(0), 8*int64(E)), f.span("ids", c.ptr(2), 4*int64(nslot)), f.span("x", c.ptr(7), rowsSpan(nslot, ldx, xoff+cols)),
+			f.span("y", c.ptr(11), rowsSpan(R, ldy, rowsE)), f.span("w", c.ptr(13), 4*int64(nslot))}
+		if c.ptr(14) != 0 {
+			errs = append(errs, f.span("shared", c.ptr(14), rowsSpan(R, ldy, rowsE)), f.span("gate", c.ptr(15), 4*int64(R)))
+		}
+		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "mv_moe_"):
 		E, nmat := c.int(1), c.int(2)
 		nslot, k, rowsE, cols, ldx, xoff, xmode, ldy, pro := c.int(4), c.int(5), c.int(6), c.int(7), c.int(9), c.int(10), c.int(11), c.int(13), c.int(14)
@@ -911,16 +949,19 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					names[name] = true
 				}
 				fam, _ := kernelFormat(dt)
-				for _, k := range []string{"rmsnorm", "head_rmsnorm", "rope_qk_append", "attn_tiles", "silu_mul", "mv_" + fam} {
-					if k == "head_rmsnorm" && !sh.qknorm {
-						continue
-					}
+				for _, k := range []string{"rmsnorm", "rope_qk_append", "attn_tiles", "silu_mul", "mv_" + fam} {
 					if k == "silu_mul" && mmq && names["gemmq_actq_pro"] {
 						continue // SwiGLU in the down projection's quantizer (and the matvec's prologue)
 					}
 					if !names[k] {
 						t.Errorf("no %s was launched (launched: %v)", k, names)
 					}
+				}
+				if names["head_rmsnorm"] {
+					t.Errorf("the q/k norms ran apart from rope_qk_append (launched: %v)", names)
+				}
+				if sh.qknorm != f.normedRope() {
+					t.Errorf("q/k norms %v, rope_qk_append with norm weights %v", sh.qknorm, f.normedRope())
 				}
 				quantized := dt != quant.F32 && dt != quant.F16 && dt != quant.BF16
 				if quantized && !mmq && !names["gemm_"+fam] {

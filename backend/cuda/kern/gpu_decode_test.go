@@ -60,7 +60,7 @@ func TestGPUDecodeStep(t *testing.T) {
 			l.Embed(quant.F32, dE, V, H, ids, x, H, R),
 			l.RMSNorm(x, H, dwA, xn, H, H, R, eps, false),
 			l.Matvec(quant.F32, dWqkv, qkvN, H, xn, H, qkv, qkvN, R, 0, false),
-			l.RopeQKAppend(qkv, qkvN, nq, nkv, hd, hd, dinv, 1, pos, slot, kc, vc, ctx, R, false),
+			l.RopeQKAppend(qkv, qkvN, nq, nkv, hd, hd, dinv, 1, pos, slot, kc, vc, ctx, R, false, kern.HeadNorms{}),
 			l.Attention(qkv, qkvN, kc, vc, pos, slot, part, att, nq*hd, R, nq, nkv, hd, ctx, S, scale),
 			l.Matvec(quant.F32, dWo, H, nq*hd, att, nq*hd, x, H, R, 0, true),
 			l.RMSNorm(x, H, dwM, xn, H, H, R, eps, false),

@@ -165,7 +165,7 @@ func TestGPURopeKVAppend(t *testing.T) {
 	d1 := g.f32(qkv)
 	kc1, vc1 := g.zeros(cacheN), g.zeros(cacheN)
 	var a driver.Args
-	a.Ptr(d1).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(dinv).F32(1).Ptr(dpos).Ptr(dslot).Ptr(kc1).Ptr(vc1).Int(ctx)
+	a.Ptr(d1).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(dinv).F32(1).Ptr(dpos).Ptr(dslot).Ptr(kc1).Ptr(vc1).Int(ctx).Ptr(0).Ptr(0).F32(0).Int(0)
 	g.launch("rope_qk_append", driver.D2(nq+nkv, R), driver.D1(64), 0, &a)
 	// Separate: rope over q and k heads (they are contiguous), then append.
 	d2 := g.f32(qkv)
@@ -202,7 +202,7 @@ func TestGPURopeKVAppend(t *testing.T) {
 	// the f32 cache's values rounded to nearest even.
 	d3 := g.f32(qkv)
 	kc3, vc3 := g.upload(make([]byte, 2*cacheN)), g.upload(make([]byte, 2*cacheN))
-	a.Reset().Ptr(d3).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(dinv).F32(1).Ptr(dpos).Ptr(dslot).Ptr(kc3).Ptr(vc3).Int(ctx)
+	a.Reset().Ptr(d3).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(dinv).F32(1).Ptr(dpos).Ptr(dslot).Ptr(kc3).Ptr(vc3).Int(ctx).Ptr(0).Ptr(0).F32(0).Int(0)
 	g.launch("rope_qk_append_h", driver.D2(nq+nkv, R), driver.D1(64), 0, &a)
 	if b3 := g.readBytes(d3, 4*R*ld); string(b3) != string(b1) {
 		t.Fatalf("rope_qk_append_h rotates q/k differently from rope_qk_append")

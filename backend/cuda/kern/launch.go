@@ -973,16 +973,31 @@ func (l *Launcher) KVAppend(k Ptr, ldk int, v Ptr, ldv int, kc, vc, pos, slot Pt
 	return l.run(kvAppendCalls(k, ldk, v, ldv, kc, vc, pos, slot, nkv, hd, ctx, R), nil)
 }
 
-func ropeQKAppendCalls(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool) []call {
+// HeadNorms are the per-head q/k RMSNorms rope_qk_append applies before
+// the rotation (Qwen3): weights of hd floats (0: no norm of that kind),
+// one eps and zero-centring for both.
+type HeadNorms struct {
+	Q, K    Ptr
+	Eps     float32
+	OnePlus bool
+}
+
+// Pack appends the norms' four parameters (qw, kw, eps, one_plus).
+func (n HeadNorms) Pack(a *driver.Args) *driver.Args {
+	return a.Ptr(n.Q).Ptr(n.K).F32(n.Eps).Int(b2i(n.OnePlus))
+}
+
+func ropeQKAppendCalls(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool, n HeadNorms) []call {
 	a := new(driver.Args).Ptr(qkv).Int(ld).Int(nq).Int(nkv).Int(hd).Int(rot).Ptr(inv).F32(mscale).
 		Ptr(pos).Ptr(slot).Ptr(kc).Ptr(vc).Int(ctx)
-	return one(RopeQKAppendKernel(f16), driver.D2(nq+nkv, R), driver.D1(64), 0, a)
+	return one(RopeQKAppendKernel(f16), driver.D2(nq+nkv, R), driver.D1(64), 0, n.Pack(a))
 }
 
 // RopeQKAppend queues RoPE of q and k in a fused q|k|v row and the K/V
-// append (f16: into float16 caches, rounded to nearest even).
-func (l *Launcher) RopeQKAppend(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool) error {
-	return l.run(ropeQKAppendCalls(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, R, f16), nil)
+// append (f16: into float16 caches, rounded to nearest even), each q and k
+// head first RMS-normalised when n has its weights.
+func (l *Launcher) RopeQKAppend(qkv Ptr, ld, nq, nkv, hd, rot int, inv Ptr, mscale float32, pos, slot, kc, vc Ptr, ctx, R int, f16 bool, n HeadNorms) error {
+	return l.run(ropeQKAppendCalls(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, R, f16, n), nil)
 }
 
 func attentionCalls(q Ptr, ldq int, kc, vc, pos, slot, part, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32) ([]call, error) {
@@ -1223,6 +1238,122 @@ func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, ro
 // kern.ProSilu: silu(x)·x[xoff:]).
 func (l *Launcher) MoEMatvec(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro int) error {
 	return l.run(moeMatvecCalls(d, table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
+}
+
+// MoERouterRows is the router rows a block of moe_router_f32 takes (a
+// warp each).
+const MoERouterRows = 4
+
+// MoERouterFits reports whether moe_router_f32 takes a router of E rows of
+// H float32 weights at w (H a multiple of 4, 16-byte aligned rows).
+func MoERouterFits(E, H int, w Ptr) bool {
+	return E >= 1 && E <= MoEMaxExperts && H >= 4 && H%4 == 0 && w%16 == 0
+}
+
+// MoERouterArgs are moe_router_f32's operands for R rows of x (ldx apart)
+// of width H: the input RMSNorm (weights Norm, Eps, OnePlus), the router
+// W [E][H] float32, the routing (top K, Renorm) into Logits [R][Ldl],
+// IDs/W8 [R][K], the normalised rows into XB (Ldxb apart), Cnt: R int32
+// counters, zero (the kernel leaves them zero).
+type MoERouterArgs struct {
+	X                Ptr
+	Ldx              int
+	Norm             Ptr
+	Eps              float32
+	OnePlus          bool
+	Router           Ptr
+	H, E, K          int
+	Renorm           bool
+	Logits           Ptr
+	Ldl              int
+	IDs, W8, XB, Cnt Ptr
+	Ldxb, R          int
+}
+
+// Check reports operands moe_router_f32 does not take.
+func (m MoERouterArgs) Check() error {
+	if !MoERouterFits(m.E, m.H, m.Router) || m.K < 1 || m.K > m.E || m.R < 1 || m.Ldl < m.E || m.Ldx < m.H || m.Ldxb < m.H {
+		return fmt.Errorf("kern: fused router of %d experts × %d (top %d) over %d rows", m.E, m.H, m.K, m.R)
+	}
+	return nil
+}
+
+// Pack appends moe_router_f32's parameters to a.
+func (m MoERouterArgs) Pack(a *driver.Args) *driver.Args {
+	return a.Ptr(m.X).Int(m.Ldx).Ptr(m.Norm).F32(m.Eps).Int(b2i(m.OnePlus)).Ptr(m.Router).Int(m.H).Int(m.E).Int(m.K).
+		Int(b2i(m.Renorm)).Ptr(m.Logits).Int(m.Ldl).Ptr(m.IDs).Ptr(m.W8).Ptr(m.XB).Int(m.Ldxb).Ptr(m.Cnt)
+}
+
+// Grid and Block are moe_router_f32's launch shape.
+func (m MoERouterArgs) Grid() driver.Dim3  { return driver.D2((m.E+MoERouterRows-1)/MoERouterRows, m.R) }
+func (m MoERouterArgs) Block() driver.Dim3 { return driver.D1(32 * MoERouterRows) }
+
+func moeRouterCalls(m MoERouterArgs) ([]call, error) {
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	return one("moe_router_f32", m.Grid(), m.Block(), 0, m.Pack(new(driver.Args))), nil
+}
+
+// MoERouter queues moe_router_f32: RMSNorm, router logits, routing (as
+// MoERoute) and the normalised rows, in one launch.
+func (l *Launcher) MoERouter(m MoERouterArgs) error { return l.run(moeRouterCalls(m)) }
+
+// MoEDownCombineGrid is the grid of mv_moe_dc_* over R rows of rowsE
+// outputs: a warp an output, one block a multiprocessor at most.
+func MoEDownCombineGrid(R, rowsE, sms int) driver.Dim3 {
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	return driver.D1(max(1, min((R*rowsE+15)/16, sms)))
+}
+
+// MoEDownCombineArgs are mv_moe_dc_*'s operands: Table the E experts'
+// down matrices (rowsE×cols each), IDs/W8 the routing of NSlot = R·K
+// slots, X the slots' gate|up rows (Ldx apart, up at Xoff, ProSilu), Y the
+// residual rows (Ldy apart) added to, YS/G the shared expert's output rows
+// (Ldy apart) and gate logits (0: none).
+type MoEDownCombineArgs struct {
+	Table                Ptr
+	E                    int
+	IDs                  Ptr
+	NSlot, K, Rows, Cols int
+	X                    Ptr
+	Ldx, Xoff            int
+	Y                    Ptr
+	Ldy                  int
+	W8, YS, G            Ptr
+}
+
+// Check reports operands mv_moe_dc_* over experts stored as d does not
+// take (at most 64 slots: the prologue's rows).
+func (m MoEDownCombineArgs) Check(d quant.DType) error {
+	if !quantizedActs(d) || MoEExpertFamily(d) == "" || m.K < 1 || m.NSlot < m.K || m.NSlot%m.K != 0 || m.NSlot > 64 ||
+		(d == quant.Q4TP && m.Cols%32 != 0) || m.E < 1 || m.Ldy < m.Rows || m.Ldx < m.Xoff+m.Cols {
+		return fmt.Errorf("kern: down+combine %s over %d slots of top %d, %d×%d of %d experts", d, m.NSlot, m.K, m.Rows, m.Cols, m.E)
+	}
+	return nil
+}
+
+// Pack appends mv_moe_dc_*'s parameters to a.
+func (m MoEDownCombineArgs) Pack(a *driver.Args) *driver.Args {
+	return a.Ptr(m.Table).Int(m.E).Ptr(m.IDs).Int(m.NSlot).Int(m.K).Int(m.Rows).Int(m.Cols).Ptr(m.X).Int(m.Ldx).Int(m.Xoff).
+		Int(ProSilu).Ptr(m.Y).Int(m.Ldy).Ptr(m.W8).Ptr(m.YS).Ptr(m.G)
+}
+
+func moeDownCombineCalls(d quant.DType, m MoEDownCombineArgs, sms int) ([]call, error) {
+	if err := m.Check(d); err != nil {
+		return nil, err
+	}
+	return one("mv_moe_dc_"+MoEExpertFamily(d), MoEDownCombineGrid(m.NSlot/m.K, m.Rows, sms), driver.D1(512), MatvecShared(m.Cols, m.NSlot),
+		m.Pack(new(driver.Args))), nil
+}
+
+// MoEDownCombine queues mv_moe_dc_*: the down products of every slot and
+// their weighted sum (then the gated shared expert) added to Y, equal to
+// MoEMatvec (xmode 1, ProSilu) then MoECombine.
+func (l *Launcher) MoEDownCombine(d quant.DType, m MoEDownCombineArgs) error {
+	return l.run(moeDownCombineCalls(d, m, l.M.SMs))
 }
 
 func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int, inv Ptr) []call {

@@ -63,8 +63,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(headNormCalls(1, 2, 3, 4, 5, 6, 1e-6, false), nil)
 	add(ropeCalls(1, 2, 3, 4, 5, 6, 1, 7, 8), nil)
 	add(kvAppendCalls(1, 2, 3, 4, 5, 6, 7, 8, 2, 64, 100, 3), nil)
-	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3, false), nil)
-	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3, true), nil)
+	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3, false, HeadNorms{}), nil)
+	add(ropeQKAppendCalls(1, 2, 8, 2, 64, 64, 3, 1, 4, 5, 6, 7, 100, 3, true, HeadNorms{Q: 8, K: 9, Eps: 1e-6}), nil)
 	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, false, 0))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, true, 10))
@@ -85,6 +85,10 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		add(moeMatvecCalls(d, 1, 8, 2, 2, 6, 2, 32, 64, 3, 64, 0, 0, 4, 64, ProPlain, 132))
 	}
 	add(moeCombineCalls(1, 64, 2, 64, 3, 2, 4, 5, 64, 3, 6), nil)
+	add(moeRouterCalls(MoERouterArgs{X: 1, Ldx: 64, Norm: 2, Eps: 1e-6, Router: 16, H: 64, E: 8, K: 2, Logits: 3, Ldl: 8, IDs: 4, W8: 5, XB: 6, Ldxb: 64, Cnt: 7, R: 2}))
+	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		add(moeDownCombineCalls(d, MoEDownCombineArgs{Table: 1, E: 8, IDs: 2, NSlot: 4, K: 2, Rows: 64, Cols: 32, X: 3, Ldx: 64, Xoff: 32, Y: 4, Ldy: 64, W8: 5}, 132))
+	}
 	add(moeSortCalls(1, 48, 8, 2, 3, 4, MoETiles(48, 8)), nil)
 	add(moeGatherCalls(1, 2, 64, 2, 3, 4, 5, 6, MoETiles(48, 8)), nil)
 	for _, d := range []quant.DType{quant.Q8Row, quant.Q4TP} {

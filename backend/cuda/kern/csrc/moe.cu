@@ -19,21 +19,27 @@
 // probability, then the lower index; a NaN counts as −1, below every
 // probability), each round marking its pick taken.
 #define MOE_MAXE 1024
-extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ logits, int ldl, int E, int k, int renorm,
-                                                            int* __restrict__ ids, float* __restrict__ w) {
+// moe_route_row: the routing of one row of E logits l by a whole block
+// (any multiple of 32 threads): the softmax over the block, written back
+// into l as probabilities, then warp 0's k rounds of a warp argmax.
+// The logits are read through L2 (another block of moe_router_f32 may
+// have written them).
+__device__ __forceinline__ void moe_route_row(float* __restrict__ l, int E, int k, int renorm, int* __restrict__ ids,
+                                              float* __restrict__ w) {
   __shared__ double red[32];
   __shared__ float fred[32];
   __shared__ float p[MOE_MAXE];
-  pdl_trigger();
-  pdl_wait();
-  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
-  float* l = logits + (size_t)r * ldl;
+  const int tid = threadIdx.x, lane = tid & 31;
   float mx = -INFINITY;
-  for (int e = tid; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+  for (int e = tid; e < E; e += blockDim.x) {
+    const float v = __ldcg(l + e);
+    p[e] = v;
+    mx = fmaxf(mx, v);
+  }
   mx = block_max_f(mx, fred);
   double s = 0.0;
   for (int e = tid; e < E; e += blockDim.x) {
-    const float v = expf(l[e] - mx);
+    const float v = expf(p[e] - mx);
     p[e] = v;
     s += (double)v;
   }
@@ -62,15 +68,84 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ 
     }
     const float pv = l[bi];  // the probability itself (a NaN stays a NaN)
     if (lane == 0) {
-      ids[r * k + j] = bi;
-      w[r * k + j] = pv;
+      ids[j] = bi;
+      w[j] = pv;
     }
     sum += pv;
     if (lane == (bi & 31)) p[bi] = -2.0f;
     __syncwarp();
   }
   if (renorm && lane == 0)
-    for (int j = 0; j < k; j++) w[r * k + j] = w[r * k + j] / sum;
+    for (int j = 0; j < k; j++) w[j] = w[j] / sum;
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ logits, int ldl, int E, int k, int renorm,
+                                                            int* __restrict__ ids, float* __restrict__ w) {
+  pdl_trigger();
+  pdl_wait();
+  const int r = blockIdx.x;
+  moe_route_row(logits + (size_t)r * ldl, E, k, renorm, ids + (size_t)r * k, w + (size_t)r * k);
+}
+
+// moe_router_f32: a decode step's routing in one launch. Each block takes
+// row blockIdx.y of x: its RMSNorm (the rmsnorm kernel's arithmetic:
+// Σx² in float64 over the block, then rms_inv and rms_apply per element),
+// MR_ROWS router rows of float32 weights W[E][H], a warp a row, against
+// the normalised row (the weights are loaded before pdl_wait: they do not
+// depend on the previous launch), and block 0 writes the normalised row
+// to xb (the experts' input). The last block of a row to finish (a counter
+// per row, cnt[r], back to 0 after) routes it as moe_route. Params (x,
+// ldx, nw, eps, one_plus, W, H, E, k, renorm, logits, ldl, ids, w, xb,
+// ldxb, cnt). Launch: grid (⌈E/MR_ROWS⌉, R), block 32·MR_ROWS; H % 4 == 0,
+// W 16-byte aligned, E ≤ MOE_MAXE, cnt zeros.
+#define MR_ROWS 4
+#define MR_PF 16
+extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
+    moe_router_f32(const float* __restrict__ x, int ldx, const float* __restrict__ nw, float eps, int one_plus,
+                   const float* __restrict__ W, int H, int E, int k, int renorm, float* __restrict__ logits, int ldl,
+                   int* __restrict__ ids, float* __restrict__ w, float* __restrict__ xb, int ldxb, int* __restrict__ cnt) {
+  __shared__ double red[32];
+  __shared__ int last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = blockIdx.y;
+  const int e = blockIdx.x * MR_ROWS + warp, n4 = H / 4;
+  const float4* wr = reinterpret_cast<const float4*>(W + (size_t)min(e, E - 1) * H);
+  float4 pf[MR_PF];
+#pragma unroll
+  for (int j = 0; j < MR_PF; j++) {
+    const int i4 = lane + 32 * j;
+    pf[j] = i4 < n4 ? __ldg(wr + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  pdl_trigger();
+  pdl_wait();
+  const float* xr = x + (size_t)r * ldx;
+  double ss = 0.0;
+  for (int i = tid; i < H; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+  ss = block_sum_d(ss, red);
+  const float inv = rms_inv(ss, H, eps);
+  if (blockIdx.x == 0)
+    for (int i = tid; i < H; i += blockDim.x) xb[(size_t)r * ldxb + i] = rms_apply(xr[i], inv, nw[i], one_plus);
+  float acc = 0.0f;
+  auto dot4 = [&](float4 wv, int i4) {
+    const int i = 4 * i4;
+    acc += wv.x * rms_apply(xr[i], inv, nw[i], one_plus);
+    acc += wv.y * rms_apply(xr[i + 1], inv, nw[i + 1], one_plus);
+    acc += wv.z * rms_apply(xr[i + 2], inv, nw[i + 2], one_plus);
+    acc += wv.w * rms_apply(xr[i + 3], inv, nw[i + 3], one_plus);
+  };
+#pragma unroll
+  for (int j = 0; j < MR_PF; j++)
+    if (lane + 32 * j < n4) dot4(pf[j], lane + 32 * j);
+  for (int i4 = lane + 32 * MR_PF; i4 < n4; i4 += 32) dot4(__ldg(wr + i4), i4);
+  acc = warp_sum(acc);
+  if (lane == 0 && e < E) logits[(size_t)r * ldl + e] = acc;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(cnt + r, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  moe_route_row(logits + (size_t)r * ldl, E, k, renorm, ids + (size_t)r * k, w + (size_t)r * k);
+  if (tid == 0) cnt[r] = 0;
 }
 
 // Grouped experts (steps of more than 8 rows: prefill chunks, large
@@ -237,6 +312,89 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
   __syncthreads();
 }
 
+// moe_dots: out[u] = W_u[orow[u]]·x'[xr[u]] for U expert rows at once
+// (their loads in flight together), the activations quantized in shared
+// memory by moe_prologue: each lane sums its groups (q4tp) or 16-byte
+// chunks (q8_row) in order, then the warp's fixed shuffle tree (q8_row:
+// times the row scale). Every lane gets the sums. Warp-uniform.
+template <bool Q4, int U>
+__device__ __forceinline__ void moe_dots(const uint8_t* const (&Wr)[U], const int (&orow)[U], const int (&xr)[U], int rowsE,
+                                         int cols, int nb, int ps, const int8_t* xq, const int2* xds, float (&out)[U]) {
+  const int lane = threadIdx.x & 31;
+  const int stride = (5 * nb + 7) / 8;  // q4tp: cols % 32 == 0, nb = gpr
+  const bool vec8 = cols % 16 == 0;
+  const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
+  float acc[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) acc[u] = 0.0f;
+  if (Q4) {
+    float lad[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const uint8_t* pr = Wr[u] + poff + 4 * (size_t)orow[u];
+      lad[u] = q4tp_rung(ld_u16(pr), ld_u16(pr + 2), lane);
+    }
+    for (int g0 = 0; g0 < nb; g0 += 32) {
+      const int g = g0 + lane;
+      uint4 c[U];
+      int code[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        code[u] = g < nb ? q4tp_code(Wr[u] + coff + (size_t)orow[u] * stride, g) : 0;
+        c[u] = g < nb ? __ldcs((const uint4*)(Wr[u] + ((size_t)orow[u] * nb + g) * 16)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const float sc = __shfl_sync(FULL_MASK, lad[u], code[u]);
+        if (g < nb) {
+          const uint32_t wv[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
+          const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr[u]) * ps + (size_t)g * 16);
+          const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr[u] + 1) * ps + (size_t)g * 16);
+          const int2 ds = xds[xr[u] * nb + g];
+          int si = -8 * ds.y;
+          si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
+          si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
+          si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
+          si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
+          acc[u] += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
+        }
+      }
+    }
+  } else {
+    const int nch = (cols + 15) / 16;
+    for (int c = lane; c < nch; c += 32) {
+      const int b = c >> 1, h = c & 1;
+      uint4 w[U];
+      bool al[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        al[u] = vec8 && aligned16(Wr[u]);
+        w[u] = al[u] ? __ldcs((const uint4*)(Wr[u] + (size_t)orow[u] * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const uint8_t* row = Wr[u] + (size_t)orow[u] * cols;
+        int si = 0;
+        if (al[u]) {
+          const int4 q = *(const int4*)(xq + (size_t)(2 * xr[u] + h) * ps + (size_t)b * 16);
+          si = __dp4a((int)w[u].x, q.x, si); si = __dp4a((int)w[u].y, q.y, si);
+          si = __dp4a((int)w[u].z, q.z, si); si = __dp4a((int)w[u].w, q.w, si);
+        } else {
+          for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
+            si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr[u] + h) * ps + (size_t)b * 16 + (i & 15)];
+        }
+        acc[u] += __int_as_float(xds[xr[u] * nb + b].x) * (float)si;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    float a = warp_sum(acc[u]);
+    if (!Q4) a *= f16_to_f32(ld_u16(Wr[u] + (size_t)rowsE * cols + 2 * (size_t)orow[u]));
+    out[u] = a;
+  }
+}
+
 template <bool Q4>
 __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
@@ -248,9 +406,6 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   pdl_trigger();
   pdl_wait();  // ids come from moe_route
   moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
-  const int stride = (5 * nb + 7) / 8;  // q4tp: cols % 32 == 0, nb = gpr
-  const bool vec8 = cols % 16 == 0;
-  const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
   for (int v0 = (blockIdx.x * nwarps + warp) * MOE_RPW; v0 < N; v0 += gridDim.x * nwarps * MOE_RPW) {  // warp-uniform
     const uint8_t* Wr[MOE_RPW];
     int xr[MOE_RPW], orow[MOE_RPW];
@@ -266,79 +421,70 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
       orow[u] = o;
       yo[u] = (size_t)s * ldy + (size_t)m * rowsE + o;
     }
-    float acc[MOE_RPW];
+    float a[MOE_RPW];
+    moe_dots<Q4, MOE_RPW>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
 #pragma unroll
-    for (int u = 0; u < MOE_RPW; u++) acc[u] = 0.0f;
-    if (Q4) {
-      float lad[MOE_RPW];
-#pragma unroll
-      for (int u = 0; u < MOE_RPW; u++) {
-        const uint8_t* pr = Wr[u] + poff + 4 * (size_t)orow[u];
-        lad[u] = q4tp_rung(ld_u16(pr), ld_u16(pr + 2), lane);
-      }
-      for (int g0 = 0; g0 < nb; g0 += 32) {
-        const int g = g0 + lane;
-        uint4 c[MOE_RPW];
-        int code[MOE_RPW];
-#pragma unroll
-        for (int u = 0; u < MOE_RPW; u++) {
-          code[u] = g < nb ? q4tp_code(Wr[u] + coff + (size_t)orow[u] * stride, g) : 0;
-          c[u] = g < nb ? __ldcs((const uint4*)(Wr[u] + ((size_t)orow[u] * nb + g) * 16)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < MOE_RPW; u++) {
-          const float sc = __shfl_sync(FULL_MASK, lad[u], code[u]);
-          if (g < nb) {
-            const uint32_t wv[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
-            const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr[u]) * ps + (size_t)g * 16);
-            const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr[u] + 1) * ps + (size_t)g * 16);
-            const int2 ds = xds[xr[u] * nb + g];
-            int si = -8 * ds.y;
-            si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
-            si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
-            si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
-            si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
-            acc[u] += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
-          }
-        }
-      }
-    } else {
-      const int nch = (cols + 15) / 16;
-      for (int c = lane; c < nch; c += 32) {
-        const int b = c >> 1, h = c & 1;
-        uint4 w[MOE_RPW];
-        bool al[MOE_RPW];
-#pragma unroll
-        for (int u = 0; u < MOE_RPW; u++) {
-          al[u] = vec8 && aligned16(Wr[u]);
-          w[u] = al[u] ? __ldcs((const uint4*)(Wr[u] + (size_t)orow[u] * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < MOE_RPW; u++) {
-          const uint8_t* row = Wr[u] + (size_t)orow[u] * cols;
-          int si = 0;
-          if (al[u]) {
-            const int4 q = *(const int4*)(xq + (size_t)(2 * xr[u] + h) * ps + (size_t)b * 16);
-            si = __dp4a((int)w[u].x, q.x, si); si = __dp4a((int)w[u].y, q.y, si);
-            si = __dp4a((int)w[u].z, q.z, si); si = __dp4a((int)w[u].w, q.w, si);
-          } else {
-            for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
-              si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr[u] + h) * ps + (size_t)b * 16 + (i & 15)];
-          }
-          acc[u] += __int_as_float(xds[xr[u] * nb + b].x) * (float)si;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < MOE_RPW; u++) {
-      float a = warp_sum(acc[u]);
-      if (lane == 0 && v0 + u < N) {
-        if (!Q4) a *= f16_to_f32(ld_u16(Wr[u] + (size_t)rowsE * cols + 2 * (size_t)orow[u]));
-        y[yo[u]] = ok[u] ? a : 0.0f;
-      }
-    }
+    for (int u = 0; u < MOE_RPW; u++)
+      if (lane == 0 && v0 + u < N) y[yo[u]] = ok[u] ? a[u] : 0.0f;
   }
 }
+
+// mv_moe_dc_{q4tp,q8row}: the down products and the combine in one launch
+// (decode steps): y[r][o] += Σ_j w[r·k+j]·D_{ids[r·k+j]}[o]·x'[r·k+j] (+
+// σ(g[r])·ys[r·ldy+o] with a shared expert), the slots in order, each
+// product as mv_moe_*'s (moe_dots: the same sums), so the result equals
+// mv_moe_* then moe_combine. A warp takes one (r, o) and MOE_DC slots of it
+// at once. x' is pro's prologue (kern.ProSilu: silu(x)·x[xoff:]) over the
+// nslot slot rows. Params (table, E, ids, nslot, k, rowsE, cols, x, ldx,
+// xoff, pro, y, ldy, w, ys, g). Launch: block 512, grid
+// kern.MoEDownCombineGrid, dynamic shared memory MatvecShared(cols, nslot).
+#define MOE_DC 8
+template <bool Q4>
+__device__ __forceinline__ void mv_moe_dc(const uint8_t* const* __restrict__ table, int E, const int* __restrict__ ids, int nslot,
+                                          int k, int rowsE, int cols, const float* __restrict__ x, int ldx, int xoff, int pro,
+                                          float* __restrict__ y, int ldy, const float* __restrict__ w,
+                                          const float* __restrict__ ys, const float* __restrict__ g) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb), R = nslot / k, N = R * rowsE;
+  int8_t* xq = (int8_t*)mq_smem;
+  int2* xds = (int2*)(mq_smem + (size_t)nslot * 2 * ps);
+  pdl_trigger();
+  pdl_wait();  // the gate|up products and the routing come from earlier launches
+  moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
+  for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
+    const int r = v / rowsE, o = v - r * rowsE;
+    float acc = y[(size_t)r * ldy + o];
+    for (int j0 = 0; j0 < k; j0 += MOE_DC) {
+      const uint8_t* Wr[MOE_DC];
+      int xr[MOE_DC], orow[MOE_DC];
+#pragma unroll
+      for (int u = 0; u < MOE_DC; u++) {
+        const int s = r * k + min(j0 + u, k - 1), e = ids[s];
+        Wr[u] = table[e < 0 ? 0 : e];
+        xr[u] = s;
+        orow[u] = o;
+      }
+      float a[MOE_DC];
+      moe_dots<Q4, MOE_DC>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
+#pragma unroll
+      for (int u = 0; u < MOE_DC; u++) {
+        const int s = r * k + j0 + u;
+        if (j0 + u < k) acc += w[s] * (ids[s] < 0 ? 0.0f : a[u]);
+      }
+    }
+    if (ys) acc += 1.0f / (1.0f + expf(-g[r])) * ys[(size_t)r * ldy + o];
+    if (lane == 0) y[(size_t)r * ldy + o] = acc;
+  }
+}
+
+#define MOE_DC_PARAMS                                                                                                 \
+  const uint8_t* const* __restrict__ table, int E, const int* __restrict__ ids, int nslot, int k, int rowsE, int cols, \
+      const float* __restrict__ x, int ldx, int xoff, int pro, float* __restrict__ y, int ldy,                       \
+      const float* __restrict__ w, const float* __restrict__ ys, const float* __restrict__ g
+#define MOE_DC_ARGS table, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q4tp(MOE_DC_PARAMS) { mv_moe_dc<true>(MOE_DC_ARGS); }
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q8row(MOE_DC_PARAMS) { mv_moe_dc<false>(MOE_DC_ARGS); }
 
 // mv_moe_{f32,f16,bf16}: the same products over float experts (the
 // exact path of the f32 reference models): no quantization, a warp a row,

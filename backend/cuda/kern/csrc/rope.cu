@@ -58,40 +58,66 @@ extern "C" __global__ void kv_append(const float* __restrict__ k, int ldk, const
            hd, t);
 }
 
+// head_norm: head_rmsnorm's arithmetic over one head xh of hd floats in
+// place by a whole block: warp 0 sums Σx² as head_rmsnorm's single warp
+// does (the same order, so the same inv), every thread applies it.
+__device__ __forceinline__ void head_norm(float* xh, int hd, const float* __restrict__ w, float eps, int one_plus) {
+  __shared__ float inv;
+  if (threadIdx.x < 32) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < hd; i += 32) ss += (double)xh[i] * (double)xh[i];
+    ss = warp_sum_d(ss);
+    if (threadIdx.x == 0) inv = rms_inv(ss, hd, eps);
+  }
+  __syncthreads();
+  const float v = inv;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) xh[i] = rms_apply(xh[i], v, w[i], one_plus);
+  __syncthreads();
+}
+
 // rope_qk_append: the decode fusion of the two above over a fused qkv
 // buffer qkv[r] = q (nq·hd) | k (nkv·hd) | v (nkv·hd): block h < nq rotates
 // q head h in place; block nq + j rotates k head j in place and appends k
-// and v head j to the caches. Launch: grid (nq + nkv, R), block 64.
+// and v head j to the caches. With qw (kw) set, each q (k) head is first
+// RMS-normalised in place as head_rmsnorm does (Qwen3's q/k norms: one
+// weight vector of hd, eps and one_plus shared by both). Launch: grid
+// (nq + nkv, R), block 64.
 template <typename C>
 __device__ __forceinline__ void rope_qk_append_body(float* qkv, int ld, int nq, int nkv, int hd, int rot,
                                                     const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
-                                                    const int* __restrict__ slot, C* kc, C* vc, int ctx) {
+                                                    const int* __restrict__ slot, C* kc, C* vc, int ctx,
+                                                    const float* __restrict__ qw, const float* __restrict__ kw, float eps,
+                                                    int one_plus) {
   pdl_trigger();
   pdl_wait();
   const int r = blockIdx.y, h = blockIdx.x, t = pos[r];
   float* row = qkv + (size_t)r * ld;
   if (h < nq) {
+    if (qw) head_norm(row + (size_t)h * hd, hd, qw, eps, one_plus);
     rope_head(row + (size_t)h * hd, rot, inv, mscale, t);
     return;
   }
   const int j = h - nq;
   float* kh = row + (size_t)(nq + j) * hd;
+  if (kw) head_norm(kh, hd, kw, eps, one_plus);
   rope_head(kh, rot, inv, mscale, t);
   __syncthreads();
   if (t < 0 || t >= ctx) return;
   kv_write(kh, row + (size_t)(nq + nkv + j) * hd, kc, vc, slot[r], j, nkv, ctx, hd, t);
 }
 
-extern "C" __global__ void rope_qk_append(float* qkv, int ld, int nq, int nkv, int hd, int rot,
-                                          const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
-                                          const int* __restrict__ slot, float* kc, float* vc, int ctx) {
-  rope_qk_append_body(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx);
+#define ROPE_QK_PARAMS                                                                                             \
+  float *qkv, int ld, int nq, int nkv, int hd, int rot, const float *__restrict__ inv, float mscale,                \
+      const int *__restrict__ pos, const int *__restrict__ slot
+#define ROPE_QK_NORM_PARAMS const float *__restrict__ qw, const float *__restrict__ kw, float eps, int one_plus
+#define ROPE_QK_ARGS qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, qw, kw, eps, one_plus
+
+extern "C" __global__ void rope_qk_append(ROPE_QK_PARAMS, float* kc, float* vc, int ctx, ROPE_QK_NORM_PARAMS) {
+  rope_qk_append_body(ROPE_QK_ARGS);
 }
 
 // rope_qk_append_h: the same into a float16 cache (k and v rounded to
 // nearest even; q and the rotated k in qkv stay float32).
-extern "C" __global__ void rope_qk_append_h(float* qkv, int ld, int nq, int nkv, int hd, int rot,
-                                            const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
-                                            const int* __restrict__ slot, __half* kc, __half* vc, int ctx) {
-  rope_qk_append_body(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx);
+extern "C" __global__ void rope_qk_append_h(ROPE_QK_PARAMS, __half* kc, __half* vc, int ctx, ROPE_QK_NORM_PARAMS) {
+  rope_qk_append_body(ROPE_QK_ARGS);
 }

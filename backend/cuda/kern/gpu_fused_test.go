@@ -1,0 +1,223 @@
+package kern_test
+
+import (
+	"encoding/binary"
+	"math"
+	"testing"
+
+	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
+)
+
+// TestGPUMoERouter: moe_router_f32 (the norm, the router's float32
+// logits and the routing in one launch) against the unfused launches
+// (rmsnorm, mv_f32, moe_route) on the same rows: the normalised rows xb to
+// 1e-6, the probabilities written back to 2e-6, ids the top k of the
+// device's own probabilities (ties to the lower index) and the weights
+// those probabilities (renormalised when asked), the counters back to
+// zero, and a second launch bitwise the same. Shapes: Qwen3-30B-A3B's
+// router (128 × 2048, top 8), Qwen3-Next's (512 × 2048, top 10), and one
+// of 10 experts of 2304 (rows past the prefetch, a partial block).
+func TestGPUMoERouter(t *testing.T) {
+	g := newGPU(t)
+	r := rng(47)
+	for _, c := range []struct {
+		E, H, k, R int
+		renorm     bool
+		onePlus    bool
+	}{{128, 2048, 8, 1, true, false}, {512, 2048, 10, 2, true, true}, {10, 2304, 3, 3, false, false}} {
+		E, H, k, R := c.E, c.H, c.k, c.R
+		x, nw, W := r.vec(R*H, 1), r.vec(H, 0.2), r.vec(E*H, 0.05)
+		for i := range nw {
+			if !c.onePlus {
+				nw[i] += 1
+			}
+		}
+		dx, dnw, dW := g.f32(x), g.f32(nw), g.f32(W)
+		xb1, lg1, ids1, w1 := g.zeros(R*H), g.zeros(R*E), g.zeros(R*k), g.zeros(R*k)
+		xb2, lg2, ids2, w2, cnt := g.zeros(R*H), g.zeros(R*E), g.zeros(R*k), g.zeros(R*k), g.zeros(R)
+		const eps = 1e-6
+		g.run(func(l *kern.Launcher) error {
+			return errorsJoin(l.RMSNorm(dx, H, dnw, xb1, H, H, R, eps, c.onePlus),
+				l.Matvec(quant.F32, dW, E, H, xb1, H, lg1, E, R, 0, false),
+				l.MoERoute(lg1, E, E, k, c.renorm, ids1, w1, R))
+		})
+		m := kern.MoERouterArgs{X: dx, Ldx: H, Norm: dnw, Eps: eps, OnePlus: c.onePlus, Router: dW, H: H, E: E, K: k,
+			Renorm: c.renorm, Logits: lg2, Ldl: E, IDs: ids2, W8: w2, XB: xb2, Ldxb: H, Cnt: cnt, R: R}
+		g.run(func(l *kern.Launcher) error { return l.MoERouter(m) })
+		refXB, gotXB := g.readF32(xb1, R*H), g.readF32(xb2, R*H)
+		exact := 0
+		for i := range refXB {
+			if refXB[i] == gotXB[i] {
+				exact++
+			}
+			if math.Abs(float64(refXB[i]-gotXB[i])) > 1e-6*(1+math.Abs(float64(refXB[i]))) {
+				t.Fatalf("E %d H %d: xb[%d] %g, rmsnorm %g", E, H, i, gotXB[i], refXB[i])
+			}
+		}
+		refP, gotP := g.readF32(lg1, R*E), g.readF32(lg2, R*E)
+		for i := range refP {
+			if math.Abs(float64(refP[i]-gotP[i])) > 2e-6*(float64(refP[i])+1e-3) {
+				t.Fatalf("E %d H %d: probability %d %g, unfused %g", E, H, i, gotP[i], refP[i])
+			}
+		}
+		gotIDs, gotW := g.readI32(ids2, R*k), g.readF32(w2, R*k)
+		refIDs := g.readI32(ids1, R*k)
+		same := 0
+		for row := range R {
+			p := gotP[row*E : (row+1)*E]
+			taken := make([]bool, E)
+			var sum float32
+			for j := range k {
+				best := -1
+				for e := range E {
+					if !taken[e] && (best < 0 || p[e] > p[best]) {
+						best = e
+					}
+				}
+				taken[best] = true
+				sum += p[best]
+				if int(gotIDs[row*k+j]) != best {
+					t.Fatalf("E %d row %d slot %d: expert %d, the top %d of its probabilities has %d", E, row, j, gotIDs[row*k+j], k, best)
+				}
+				if refIDs[row*k+j] == gotIDs[row*k+j] {
+					same++
+				}
+			}
+			for j := range k {
+				want := p[gotIDs[row*k+j]]
+				if c.renorm {
+					want /= sum
+				}
+				if math.Abs(float64(gotW[row*k+j]-want)) > 1e-6*float64(want) {
+					t.Fatalf("E %d row %d slot %d: weight %g, want %g", E, row, j, gotW[row*k+j], want)
+				}
+			}
+		}
+		if cn := g.readI32(cnt, R); cn[0] != 0 || cn[R-1] != 0 {
+			t.Fatalf("E %d: counters %v after the launch, not zeros", E, cn)
+		}
+		g.run(func(l *kern.Launcher) error { return l.MoERouter(m) })
+		again, againIDs := g.readF32(lg2, R*E), g.readI32(ids2, R*k)
+		for i := range again {
+			if math.Float32bits(again[i]) != math.Float32bits(gotP[i]) {
+				t.Fatalf("E %d: the second launch's probability %d is %g, the first's %g", E, i, again[i], gotP[i])
+			}
+		}
+		for i := range againIDs {
+			if againIDs[i] != gotIDs[i] {
+				t.Fatalf("E %d: the second launch routes slot %d to %d, the first to %d", E, i, againIDs[i], gotIDs[i])
+			}
+		}
+		t.Logf("router %d×%d top %d, %d rows: xb %d/%d bitwise rmsnorm's, %d/%d ids the unfused launches'", E, H, k, R, exact, len(refXB), same, R*k)
+	}
+}
+
+// TestGPUMoEDownCombine: mv_moe_dc_* (the down products of every slot,
+// their weighted sum and the gated shared expert added to the residual)
+// against mv_moe_* (xmode 1, SwiGLU prologue) then moe_combine on the
+// same inputs, q8_row and q4tp: Qwen3-30B-A3B's down shape (2048 × 768,
+// top 8, one row) and a shared-expert case of top 10 (not a multiple of the
+// kernel's 8 slots at once) over 3 rows.
+func TestGPUMoEDownCombine(t *testing.T) {
+	g := newGPU(t)
+	r := rng(53)
+	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		for _, c := range []struct {
+			E, k, R, H, I int
+			shared        bool
+		}{{128, 8, 1, 2048, 768, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
+			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
+			td := make([]byte, 8*E)
+			for e := range E {
+				db, err := quant.Encode(dt, r.vec(H*I, 0.05), []int{H, I}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				binary.LittleEndian.PutUint64(td[8*e:], uint64(g.upload(db)))
+			}
+			ids := make([]int32, R*k)
+			for row := range R {
+				for j := range k {
+					ids[row*k+j] = int32((row*7 + j*5) % E) // distinct within a row
+				}
+			}
+			wv := r.vec(R*k, 0.5)
+			for i := range wv {
+				wv[i] = float32(math.Abs(float64(wv[i])))
+			}
+			x0, gu := r.vec(R*H, 1), r.vec(R*k*2*I, 1)
+			ys, sg := r.vec(R*H, 1), r.vec(R, 1)
+			dtd, dids, dw, dgu := g.upload(td), g.i32(ids), g.f32(wv), g.f32(gu)
+			dx1, dx2, yd := g.f32(x0), g.f32(x0), g.zeros(R*k*H)
+			var dys, dsg kern.Ptr
+			if c.shared {
+				dys, dsg = g.f32(ys), g.f32(sg)
+			}
+			g.run(func(l *kern.Launcher) error {
+				return errorsJoin(l.MoEMatvec(dt, dtd, E, 1, dids, R*k, k, H, I, dgu, 2*I, I, 1, yd, H, kern.ProSilu),
+					l.MoECombine(dx1, H, yd, H, dw, k, dys, dsg, H, R, 0))
+			})
+			g.run(func(l *kern.Launcher) error {
+				return l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
+					X: dgu, Ldx: 2 * I, Xoff: I, Y: dx2, Ldy: H, W8: dw, YS: dys, G: dsg})
+			})
+			want, got := g.readF32(dx1, R*H), g.readF32(dx2, R*H)
+			exact := 0
+			for i := range want {
+				if want[i] == got[i] {
+					exact++
+				}
+				if math.Abs(float64(want[i]-got[i])) > 2e-6*(1+math.Abs(float64(want[i]))) {
+					t.Fatalf("%s E %d k %d R %d: y[%d] %g, mv_moe + moe_combine %g", dt, E, k, R, i, got[i], want[i])
+				}
+			}
+			t.Logf("%s down %d×%d top %d, %d rows, shared %v: %d/%d outputs bitwise the unfused launches'", dt, H, I, k, R, c.shared, exact, len(want))
+		}
+	}
+}
+
+// TestGPURopeQKNorm: rope_qk_append with the q/k norms folded in equals
+// head_rmsnorm on the q and k heads then rope_qk_append without them,
+// bitwise (the same sums in the same order), f32 and f16 caches, plain and
+// zero-centred norm weights.
+func TestGPURopeQKNorm(t *testing.T) {
+	g := newGPU(t)
+	r := rng(59)
+	const nq, nkv, hd, R, ctx = 8, 2, 128, 3, 16
+	ld := (nq + 2*nkv) * hd
+	for _, f16 := range []bool{false, true} {
+		for _, onePlus := range []bool{false, true} {
+			qkv := r.vec(R*ld, 1)
+			qw, kw := r.vec(hd, 0.3), r.vec(hd, 0.3)
+			inv := invFreq(hd, 1e6)
+			dqw, dkw, dinv := g.f32(qw), g.f32(kw), g.f32(inv)
+			pos, slot := g.i32([]int32{0, 5, 9}), g.i32([]int32{0, 1, 2})
+			per := 3 * nkv * ctx * hd
+			a1, a2 := g.f32(qkv), g.f32(qkv)
+			kc1, vc1, kc2, vc2 := g.zeros(per), g.zeros(per), g.zeros(per), g.zeros(per)
+			const eps = 1e-6
+			g.run(func(l *kern.Launcher) error {
+				return errorsJoin(l.HeadRMSNorm(a1, ld, dqw, nq, hd, R, eps, onePlus),
+					l.HeadRMSNorm(a1.Add(4*nq*hd), ld, dkw, nkv, hd, R, eps, onePlus),
+					l.RopeQKAppend(a1, ld, nq, nkv, hd, hd, dinv, 1, pos, slot, kc1, vc1, ctx, R, f16, kern.HeadNorms{}))
+			})
+			g.run(func(l *kern.Launcher) error {
+				return l.RopeQKAppend(a2, ld, nq, nkv, hd, hd, dinv, 1, pos, slot, kc2, vc2, ctx, R, f16,
+					kern.HeadNorms{Q: dqw, K: dkw, Eps: eps, OnePlus: onePlus})
+			})
+			for _, p := range [][2]kern.Ptr{{a1, a2}, {kc1, kc2}, {vc1, vc2}} {
+				n := R * ld
+				if p[0] != a1 {
+					n = per
+				}
+				want, got := g.readBytes(p[0], 4*n), g.readBytes(p[1], 4*n)
+				for i := range want {
+					if want[i] != got[i] {
+						t.Fatalf("f16 %v onePlus %v: byte %d of %d differs (fused %d, unfused %d)", f16, onePlus, i, len(want), got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
