@@ -117,7 +117,7 @@ func TestGPUMoERouter(t *testing.T) {
 // their weighted sum and the gated shared expert added to the residual)
 // against mv_moe_* (xmode 1, SwiGLU prologue) then moe_combine on the
 // same inputs, q8_row and q4tp: Qwen3-30B-A3B's down shape (2048 × 768,
-// top 8, one row) and a shared-expert case of top 10 (not a multiple of the
+// top 8, one row; 24 experts, not 128: the encoding is the test's cost) and a shared-expert case of top 10 (not a multiple of the
 // kernel's 8 slots at once) over 3 rows.
 func TestGPUMoEDownCombine(t *testing.T) {
 	g := newGPU(t)
@@ -126,7 +126,7 @@ func TestGPUMoEDownCombine(t *testing.T) {
 		for _, c := range []struct {
 			E, k, R, H, I int
 			shared        bool
-		}{{128, 8, 1, 2048, 768, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
+		}{{24, 8, 1, 2048, 768, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
 			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
 			td := make([]byte, 8*E)
 			for e := range E {
