@@ -101,11 +101,21 @@ func (st *state) MoE(w *backend.MoE) {
 		sh := st.buf("moe_sh", int64(M)*int64(sI)*4)
 		ys = st.buf("moe_ys", int64(M)*int64(H)*4)
 		sg = st.buf("moe_sg", int64(M)*4)
-		st.mv(w.Shared.Gate.(*mat), xb, H, sgu, 2*sI, 0, false, R)
-		st.mv(w.Shared.Up.(*mat), xb, H, sgu.Add(int64(4*sI)), 2*sI, 0, false, R)
-		st.a().Ptr(sgu).Ptr(sgu.Add(int64(4 * sI))).Int(2 * sI).Ptr(sh).Int(sI).Int(sI)
-		st.launch("silu_mul", driver.D2((sI+255)/256, R), driver.D1(256), 0)
-		st.mv(w.Shared.Down.(*mat), sh, sI, ys, H, 0, false, R)
+		sgm, sum, sdm := w.Shared.Gate.(*mat), w.Shared.Up.(*mat), w.Shared.Down.(*mat)
+		if st.fusable(sgm, sum) && st.fusable(sdm) && sum.rows == sI && sdm.cols == sI {
+			// Decode: gate|up stacked in one matvec, SwiGLU in the down
+			// projection's prologue (the dense MLP's fusion): 2 launches, not 4.
+			st.mq(sgm.dt, kern.MQ{W: [3]driver.DevicePtr{sgm.p, sum.p}, Rows: [3]int{sI, sI}, Cols: H, X: xb, Ldx: H,
+				Y: sgu, Ldy: 2 * sI, Pro: kern.ProPlain}, R)
+			st.mq(sdm.dt, kern.MQ{W: [3]driver.DevicePtr{sdm.p}, Rows: [3]int{sdm.rows}, Cols: sI, X: sgu, Ldx: 2 * sI, XOff: sI,
+				Y: ys, Ldy: H, Pro: kern.ProSilu}, R)
+		} else {
+			st.mv(sgm, xb, H, sgu, 2*sI, 0, false, R)
+			st.mv(sum, xb, H, sgu.Add(int64(4*sI)), 2*sI, 0, false, R)
+			st.a().Ptr(sgu).Ptr(sgu.Add(int64(4 * sI))).Int(2 * sI).Ptr(sh).Int(sI).Int(sI)
+			st.launch("silu_mul", driver.D2((sI+255)/256, R), driver.D1(256), 0)
+			st.mv(sdm, sh, sI, ys, H, 0, false, R)
+		}
 		st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
 	}
 	if fused {
