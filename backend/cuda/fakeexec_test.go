@@ -759,6 +759,14 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				}
 				lg.set(r*ldl+e, float32(acc))
 			}
+			if c.ptr(17) != 0 { // the shared expert's gate logit
+				sgw, sg := f.view(c.ptr(17), H), f.view(c.ptr(18), R)
+				var acc float64
+				for i := range H {
+					acc += float64(sgw.at(i)) * float64(xb.at(r*ldxb+i))
+				}
+				sg.set(r, float32(acc))
+			}
 		}
 		f.route(lg, ldl, E, k, renorm, f.bytesAt(c.ptr(12), 4*int64(R*k)), f.view(c.ptr(13), R*k), R)
 		if cnt, _ := f.ints(c.ptr(16), R); slices.ContainsFunc(cnt, func(v int) bool { return v != 0 }) {
@@ -1270,6 +1278,13 @@ func TestMoEFusedOnFake(t *testing.T) {
 					switch {
 					case call.name == "moe_router_f32":
 						routers++
+						if k.Shared != (call.ptr(17) != 0) {
+							t.Errorf("%s / %s: shared expert %v, the router's gate row %#x", k.Name, name, k.Shared, call.ptr(17))
+						}
+					case strings.HasPrefix(call.name, "mv_f32_r"):
+						if strings.HasPrefix(name, "prefill") && name != "prefill9+decode" {
+							t.Errorf("%s / %s: %s beside moe_router_f32 (the shared gate is the router's)", k.Name, name, call.name)
+						}
 					case strings.HasPrefix(call.name, "mv_moe_dc_"):
 						fused++
 						if call.ptr(14) != 0 {

@@ -74,11 +74,17 @@ func (st *state) MoE(w *backend.MoE) {
 	// and the combine in another (mv_moe_dc_*): 3 launches a block where
 	// the general path takes 6. Options.NoFusion keeps the general path.
 	fused := !grouped && st.moeFusable(w, dt, H)
+	routerGate := false // moe_router_f32 computes the shared expert's gate
 	if fused {
 		r := w.Router.(*mat)
 		cnt := st.bufZeroed("moe_cnt", int64(M)*4)
 		calls := kern.MoERouterArgs{X: x, Ldx: H, Norm: ptrOf(w.Norm.W), Eps: w.Norm.Eps, OnePlus: w.Norm.OnePlus, Router: r.p,
 			H: H, E: E, K: k, Renorm: w.Renorm, Logits: logits, Ldl: E, IDs: ids, W8: wts, XB: xb, Ldxb: H, Cnt: cnt, R: R}
+		if g, ok := w.SharedGate.(*mat); ok && w.Shared != nil && g.dt == quant.F32 && g.rows == 1 && g.cols == H && g.p%16 == 0 {
+			// The shared expert's gate logit as the router's row E.
+			calls.SGW, calls.SG = g.p, st.buf("moe_sg", int64(M)*4)
+			routerGate = true
+		}
 		calls.Pack(st.a())
 		st.launch("moe_router_f32", calls.Grid(), calls.Block(), 0)
 	} else {
@@ -116,7 +122,9 @@ func (st *state) MoE(w *backend.MoE) {
 			st.launch("silu_mul", driver.D2((sI+255)/256, R), driver.D1(256), 0)
 			st.mv(sdm, sh, sI, ys, H, 0, false, R)
 		}
-		st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
+		if !routerGate {
+			st.mv(w.SharedGate.(*mat), xb, H, sg, 1, 0, false, R)
+		}
 	}
 	if fused {
 		st.moeSlotsCombine(dt, tabs, xb, ids, wts, gu, x, ys, sg, R, H, I, E, k)

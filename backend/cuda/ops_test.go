@@ -650,7 +650,10 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			f.span("logits", c.ptr(0), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(5), 4*int64(R*k)), f.span("w", c.ptr(6), 4*int64(R*k)))
 	case name == "moe_router_f32":
 		ldx, H, E, k, ldl, ldxb, R := c.int(1), c.int(6), c.int(7), c.int(8), c.int(11), c.int(15), int(g.Y)
-		return errorsJoin(want(int(g.X) == (E+kern.MoERouterRows-1)/kern.MoERouterRows && b.X == 32*kern.MoERouterRows && c.cfg.Shared == 0, "shape"),
+		gate := b2i(c.ptr(17) != 0)
+		return errorsJoin(want(int(g.X) == (E+gate+kern.MoERouterRows-1)/kern.MoERouterRows && b.X == 32*kern.MoERouterRows && c.cfg.Shared == 0, "shape"),
+			want((c.ptr(17) != 0) == (c.ptr(18) != 0) && c.ptr(17)%16 == 0, "shared gate"),
+			f.optSpan("shared gate", c.ptr(17), 4*int64(H)), f.optSpan("sg", c.ptr(18), 4*int64(R)),
 			want(kern.MoERouterFits(E, H, c.ptr(5)) && k >= 1 && k <= E && ldl >= E && ldx >= H && ldxb >= H, "sizes"),
 			f.span("x", c.ptr(0), rowsSpan(R, ldx, H)), f.span("norm", c.ptr(2), 4*int64(H)), f.span("router", c.ptr(5), 4*int64(E*H)),
 			f.span("logits", c.ptr(10), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(12), 4*int64(R*k)), f.span("w", c.ptr(13), 4*int64(R*k)),

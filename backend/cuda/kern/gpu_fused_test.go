@@ -15,7 +15,8 @@ import (
 // 1e-6, the probabilities written back to 2e-6, ids the top k of the
 // device's own probabilities (ties to the lower index) and the weights
 // those probabilities (renormalised when asked), the counters back to
-// zero, and a second launch bitwise the same. Shapes: Qwen3-30B-A3B's
+// zero, a second launch bitwise the same, and the shared expert's gate
+// logit (the router's extra row) as mv_f32's to 1e-5 of Σ|w|. Shapes: Qwen3-30B-A3B's
 // router (128 × 2048, top 8), Qwen3-Next's (512 × 2048, top 10), and one
 // of 10 experts of 2304 (rows past the prefetch, a partial block).
 func TestGPUMoERouter(t *testing.T) {
@@ -42,9 +43,32 @@ func TestGPUMoERouter(t *testing.T) {
 				l.Matvec(quant.F32, dW, E, H, xb1, H, lg1, E, R, 0, false),
 				l.MoERoute(lg1, E, E, k, c.renorm, ids1, w1, R))
 		})
+		// The shared expert's gate (one row of H) beside the router on
+		// every case but the last.
+		sgw := r.vec(H, 0.05)
+		dsgw, sg1, sg2 := g.f32(sgw), g.zeros(R), g.zeros(R)
+		withGate := E != 10
+		if withGate {
+			g.run(func(l *kern.Launcher) error { return l.Matvec(quant.F32, dsgw, 1, H, xb1, H, sg1, 1, R, 0, false) })
+		}
 		m := kern.MoERouterArgs{X: dx, Ldx: H, Norm: dnw, Eps: eps, OnePlus: c.onePlus, Router: dW, H: H, E: E, K: k,
 			Renorm: c.renorm, Logits: lg2, Ldl: E, IDs: ids2, W8: w2, XB: xb2, Ldxb: H, Cnt: cnt, R: R}
+		if withGate {
+			m.SGW, m.SG = dsgw, sg2
+		}
 		g.run(func(l *kern.Launcher) error { return l.MoERouter(m) })
+		if withGate {
+			want, got := g.readF32(sg1, R), g.readF32(sg2, R)
+			var mag float64
+			for i := range H {
+				mag += math.Abs(float64(sgw[i]))
+			}
+			for i := range want {
+				if math.Abs(float64(want[i]-got[i])) > 1e-5*mag {
+					t.Fatalf("E %d: the shared gate's logit of row %d %g, mv_f32 %g", E, i, got[i], want[i])
+				}
+			}
+		}
 		refXB, gotXB := g.readF32(xb1, R*H), g.readF32(xb2, R*H)
 		exact := 0
 		for i := range refXB {

@@ -1254,7 +1254,8 @@ func MoERouterFits(E, H int, w Ptr) bool {
 // of width H: the input RMSNorm (weights Norm, Eps, OnePlus), the router
 // W [E][H] float32, the routing (top K, Renorm) into Logits [R][Ldl],
 // IDs/W8 [R][K], the normalised rows into XB (Ldxb apart), Cnt: R int32
-// counters, zero (the kernel leaves them zero).
+// counters, zero (the kernel leaves them zero); with SGW (the shared
+// expert's gate, H float32 weights) its logits into SG [R].
 type MoERouterArgs struct {
 	X                Ptr
 	Ldx              int
@@ -1268,11 +1269,13 @@ type MoERouterArgs struct {
 	Ldl              int
 	IDs, W8, XB, Cnt Ptr
 	Ldxb, R          int
+	SGW, SG          Ptr
 }
 
 // Check reports operands moe_router_f32 does not take.
 func (m MoERouterArgs) Check() error {
-	if !MoERouterFits(m.E, m.H, m.Router) || m.K < 1 || m.K > m.E || m.R < 1 || m.Ldl < m.E || m.Ldx < m.H || m.Ldxb < m.H {
+	if !MoERouterFits(m.E, m.H, m.Router) || m.K < 1 || m.K > m.E || m.R < 1 || m.Ldl < m.E || m.Ldx < m.H || m.Ldxb < m.H ||
+		(m.SGW != 0) != (m.SG != 0) || m.SGW%16 != 0 {
 		return fmt.Errorf("kern: fused router of %d experts × %d (top %d) over %d rows", m.E, m.H, m.K, m.R)
 	}
 	return nil
@@ -1281,11 +1284,13 @@ func (m MoERouterArgs) Check() error {
 // Pack appends moe_router_f32's parameters to a.
 func (m MoERouterArgs) Pack(a *driver.Args) *driver.Args {
 	return a.Ptr(m.X).Int(m.Ldx).Ptr(m.Norm).F32(m.Eps).Int(b2i(m.OnePlus)).Ptr(m.Router).Int(m.H).Int(m.E).Int(m.K).
-		Int(b2i(m.Renorm)).Ptr(m.Logits).Int(m.Ldl).Ptr(m.IDs).Ptr(m.W8).Ptr(m.XB).Int(m.Ldxb).Ptr(m.Cnt)
+		Int(b2i(m.Renorm)).Ptr(m.Logits).Int(m.Ldl).Ptr(m.IDs).Ptr(m.W8).Ptr(m.XB).Int(m.Ldxb).Ptr(m.Cnt).Ptr(m.SGW).Ptr(m.SG)
 }
 
 // Grid and Block are moe_router_f32's launch shape.
-func (m MoERouterArgs) Grid() driver.Dim3  { return driver.D2((m.E+MoERouterRows-1)/MoERouterRows, m.R) }
+func (m MoERouterArgs) Grid() driver.Dim3 {
+	return driver.D2((m.E+b2i(m.SGW != 0)+MoERouterRows-1)/MoERouterRows, m.R)
+}
 func (m MoERouterArgs) Block() driver.Dim3 { return driver.D1(32 * MoERouterRows) }
 
 func moeRouterCalls(m MoERouterArgs) ([]call, error) {

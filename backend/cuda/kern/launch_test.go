@@ -86,6 +86,8 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	}
 	add(moeCombineCalls(1, 64, 2, 64, 3, 2, 4, 5, 64, 3, 6), nil)
 	add(moeRouterCalls(MoERouterArgs{X: 1, Ldx: 64, Norm: 2, Eps: 1e-6, Router: 16, H: 64, E: 8, K: 2, Logits: 3, Ldl: 8, IDs: 4, W8: 5, XB: 6, Ldxb: 64, Cnt: 7, R: 2}))
+	add(moeRouterCalls(MoERouterArgs{X: 1, Ldx: 64, Norm: 2, Eps: 1e-6, Router: 16, H: 64, E: 8, K: 2, Logits: 3, Ldl: 8, IDs: 4, W8: 5, XB: 6, Ldxb: 64, Cnt: 7, R: 2,
+		SGW: 32, SG: 9}))
 	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row} {
 		add(moeDownCombineCalls(d, MoEDownCombineArgs{Table: 1, E: 8, IDs: 2, NSlot: 4, K: 2, Rows: 64, Cols: 32, X: 3, Ldx: 64, Xoff: 32, Y: 4, Ldy: 64, W8: 5}, 132))
 	}

@@ -93,22 +93,27 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ 
 // MR_ROWS router rows of float32 weights W[E][H], a warp a row, against
 // the normalised row (the weights are loaded before pdl_wait: they do not
 // depend on the previous launch), and block 0 writes the normalised row
-// to xb (the experts' input). The last block of a row to finish (a counter
-// per row, cnt[r], back to 0 after) routes it as moe_route. Params (x,
-// ldx, nw, eps, one_plus, W, H, E, k, renorm, logits, ldl, ids, w, xb,
-// ldxb, cnt). Launch: grid (⌈E/MR_ROWS⌉, R), block 32·MR_ROWS; H % 4 == 0,
-// W 16-byte aligned, E ≤ MOE_MAXE, cnt zeros.
+// to xb (the experts' input). With sgw (the shared expert's gate, H
+// floats, 16-byte aligned) the warp of row E computes that gate's logit
+// into sg[r] (a plain dot, no routing). The last block of a row to finish
+// (a counter per row, cnt[r], back to 0 after) routes it as moe_route.
+// Params (x, ldx, nw, eps, one_plus, W, H, E, k, renorm, logits, ldl,
+// ids, w, xb, ldxb, cnt, sgw, sg). Launch: grid (⌈(E + (sgw ? 1 : 0)) /
+// MR_ROWS⌉, R), block 32·MR_ROWS; H % 4 == 0, W 16-byte aligned,
+// E ≤ MOE_MAXE, cnt zeros.
 #define MR_ROWS 4
 #define MR_PF 16
 extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
     moe_router_f32(const float* __restrict__ x, int ldx, const float* __restrict__ nw, float eps, int one_plus,
                    const float* __restrict__ W, int H, int E, int k, int renorm, float* __restrict__ logits, int ldl,
-                   int* __restrict__ ids, float* __restrict__ w, float* __restrict__ xb, int ldxb, int* __restrict__ cnt) {
+                   int* __restrict__ ids, float* __restrict__ w, float* __restrict__ xb, int ldxb, int* __restrict__ cnt,
+                   const float* __restrict__ sgw, float* __restrict__ sg) {
   __shared__ double red[32];
   __shared__ int last;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = blockIdx.y;
   const int e = blockIdx.x * MR_ROWS + warp, n4 = H / 4;
-  const float4* wr = reinterpret_cast<const float4*>(W + (size_t)min(e, E - 1) * H);
+  const bool gate = sgw != nullptr && e == E;
+  const float4* wr = reinterpret_cast<const float4*>(gate ? sgw : W + (size_t)min(e, E - 1) * H);
   float4 pf[MR_PF];
 #pragma unroll
   for (int j = 0; j < MR_PF; j++) {
@@ -138,6 +143,7 @@ extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
   for (int i4 = lane + 32 * MR_PF; i4 < n4; i4 += 32) dot4(__ldg(wr + i4), i4);
   acc = warp_sum(acc);
   if (lane == 0 && e < E) logits[(size_t)r * ldl + e] = acc;
+  if (lane == 0 && gate) sg[r] = acc;
   __threadfence();
   __syncthreads();
   if (tid == 0) last = atomicAdd(cnt + r, 1) == (int)gridDim.x - 1;
