@@ -20,6 +20,14 @@ import (
 // w /= Σw when renorm.
 func Route(logits []float32, renorm bool, idx []int, w []float32) {
 	Softmax(logits)
+	TopK(logits, renorm, idx, w)
+}
+
+// TopK is Route's selection over probabilities p: the len(idx) largest in
+// descending order (ties: the lower index first) with their values in w,
+// renormalised to Σw = 1 when renorm.
+func TopK(p []float32, renorm bool, idx []int, w []float32) {
+	logits := p
 	k := len(idx)
 	w = w[:k]
 	for j := range k {

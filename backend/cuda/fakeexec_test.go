@@ -14,6 +14,7 @@ import (
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/half"
+	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -190,8 +191,7 @@ func (f *fakeGPU) headNorm(x f32s, b, hd int, w f32s, eps float32, onePlus bool)
 }
 
 // route is moe_route's model over R rows of E logits (ldl apart): the
-// softmax written back, the top k by probability (the lower index first
-// on ties) into ids and wv, renormalised when asked.
+// softmax written back, then kernels.TopK's selection into ids and wv.
 func (f *fakeGPU) route(lg f32s, ldl, E, k int, renorm bool, ids []byte, wv f32s, R int) {
 	for r := range R {
 		p := make([]float64, E)
@@ -204,28 +204,16 @@ func (f *fakeGPU) route(lg f32s, ldl, E, k int, renorm bool, ids []byte, wv f32s
 			p[e] = float64(float32(math.Exp(float64(lg.at(r*ldl+e)) - mx)))
 			sum += p[e]
 		}
+		pf := make([]float32, E)
 		for e := range E {
-			p[e] = float64(float32(p[e]) * float32(1/sum))
-			lg.set(r*ldl+e, float32(p[e]))
+			pf[e] = float32(p[e]) * float32(1/sum)
+			lg.set(r*ldl+e, pf[e])
 		}
-		var ws float32
-		taken := map[int]bool{}
+		idx, w := make([]int, k), make([]float32, k)
+		kernels.TopK(pf, renorm, idx, w)
 		for j := range k {
-			best := -1
-			for e := range E {
-				if !taken[e] && (best < 0 || p[e] > p[best]) {
-					best = e
-				}
-			}
-			taken[best] = true
-			binary.LittleEndian.PutUint32(ids[4*(r*k+j):], uint32(int32(best)))
-			wv.set(r*k+j, float32(p[best]))
-			ws += float32(p[best])
-		}
-		if renorm {
-			for j := range k {
-				wv.set(r*k+j, wv.at(r*k+j)/ws)
-			}
+			binary.LittleEndian.PutUint32(ids[4*(r*k+j):], uint32(int32(idx[j])))
+			wv.set(r*k+j, w[j])
 		}
 	}
 }
@@ -1164,56 +1152,21 @@ func numericOnFakeMMQ(t *testing.T, exact bool) {
 // and off; with Options.NoMoEGroups no grouped kernel runs and the logits
 // are the same to rounding.
 func TestMoEGroupedOnFake(t *testing.T) {
-	c := cpu.New(1)
-	defer c.Close()
 	for _, graphs := range []bool{false, true} {
-		f := newFake(t, 4)
-		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
-		f2 := newFake(t, 4)
-		f2.numeric, f2.decoded = true, map[string][]float32{}
-		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoMoEGroups: true})
 		grouped := 0
-		for _, k := range backendtest.Cases() {
-			if !strings.HasPrefix(k.Name, "moe/") {
-				continue
-			}
-			for name, sched := range backendtest.Schedules() {
-				n0, m0 := len(f.calls), len(f2.calls)
-				got, err := backendtest.Run(d, k, sched, 11)
-				if notYet(err) {
-					t.Logf("%s: NOT RUN (%v)", k.Name, err)
-					break
-				}
-				if err != nil {
-					t.Fatalf("%s / %s: %v", k.Name, name, err)
-				}
-				slots, err := backendtest.Run(d2, k, sched, 11)
-				if err != nil {
-					t.Fatalf("%s / %s (no groups): %v", k.Name, name, err)
-				}
-				for _, call := range f.calls[n0:] {
+		d := moeVariantsOnFake(t, graphs, "per-slot", Options{NoMoEGroups: true}, func(k backendtest.Case) bool { return strings.HasPrefix(k.Name, "moe/") },
+			func(k backendtest.Case, name string, calls, alt []fakeCall) {
+				for _, call := range calls {
 					if strings.HasPrefix(call.name, "gemmq_moe_") {
 						grouped++
 					}
 				}
-				for _, call := range f2.calls[m0:] {
+				for _, call := range alt {
 					if strings.HasPrefix(call.name, "gemmq_moe_") || call.name == "moe_sort" {
 						t.Fatalf("%s / %s: %s ran with NoMoEGroups", k.Name, name, call.name)
 					}
 				}
-				want, err := backendtest.Run(c, k, sched, 11)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n := backendtest.NMSE(got, want); n > 1e-5 || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: grouped NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
-				}
-				if n := backendtest.NMSE(got, slots); n > 1e-9 || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: grouped vs per-slot NMSE %.3g (tolerance 1e-9)", graphs, k.Name, name, n)
-				}
-			}
-		}
+			})
 		if grouped == 0 {
 			t.Fatal("no grouped expert GEMM ran")
 		}
@@ -1241,6 +1194,56 @@ func TestMoEGroupedOnFake(t *testing.T) {
 	}
 }
 
+// moeVariantsOnFake runs the parity-suite cases keep accepts under every
+// schedule on two fake devices (the default options, and those with alt's
+// switches) and on the CPU: the default's logits within 1e-5 NMSE of the
+// CPU's and 1e-9 of the alternative's; check gets each run's launches on
+// both. It returns the default device.
+func moeVariantsOnFake(t *testing.T, graphs bool, label string, alt Options, keep func(backendtest.Case) bool,
+	check func(k backendtest.Case, name string, calls, alt []fakeCall)) *Device {
+	c := cpu.New(1)
+	defer c.Close()
+	f := newFake(t, 4)
+	f.numeric, f.decoded = true, map[string][]float32{}
+	d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+	f2 := newFake(t, 4)
+	f2.numeric, f2.decoded = true, map[string][]float32{}
+	alt.Seqs, alt.Ctx, alt.MaxRows, alt.Graphs = 4, 128, 64, graphs
+	d2 := fakeOpen(f2, alt)
+	for _, k := range backendtest.Cases() {
+		if !keep(k) {
+			continue
+		}
+		for name, sched := range backendtest.Schedules() {
+			n0, m0 := len(f.calls), len(f2.calls)
+			got, err := backendtest.Run(d, k, sched, 11)
+			if notYet(err) {
+				t.Logf("%s: NOT RUN (%v)", k.Name, err)
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s / %s: %v", k.Name, name, err)
+			}
+			other, err := backendtest.Run(d2, k, sched, 11)
+			if err != nil {
+				t.Fatalf("%s / %s (%s): %v", k.Name, name, label, err)
+			}
+			check(k, name, f.calls[n0:], f2.calls[m0:])
+			want, err := backendtest.Run(c, k, sched, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := backendtest.NMSE(got, want); n > 1e-5 || math.IsNaN(n) {
+				t.Errorf("graphs %v: %s / %s: NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
+			}
+			if n := backendtest.NMSE(got, other); n > 1e-9 || math.IsNaN(n) {
+				t.Errorf("graphs %v: %s / %s: NMSE %.3g against the %s run (tolerance 1e-9)", graphs, k.Name, name, n, label)
+			}
+		}
+	}
+	return d
+}
+
 // TestMoEFusedOnFake: the parity suite's mixture-of-experts cases with
 // quantized experts run their decode steps' MoE blocks fused
 // (moe_router_f32 for the norm, router and routing; mv_moe_dc_* for the
@@ -1249,74 +1252,44 @@ func TestMoEGroupedOnFake(t *testing.T) {
 // down matvec's prologue: no silu_mul) and give the logits of Options.NoFusion (the general
 // launches, none of the fused kernels) to rounding and the CPU's to 1e-5.
 func TestMoEFusedOnFake(t *testing.T) {
-	c := cpu.New(1)
-	defer c.Close()
+	quantized := func(k backendtest.Case) bool {
+		return k.Op == "moe" && (k.DType == quant.Q8Row || k.DType == quant.Q4TP)
+	}
 	for _, graphs := range []bool{false, true} {
-		f := newFake(t, 4)
-		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
-		f2 := newFake(t, 4)
-		f2.numeric, f2.decoded = true, map[string][]float32{}
-		d2 := fakeOpen(f2, Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoFusion: true})
 		fused, shared := 0, 0
-		for _, k := range backendtest.Cases() {
-			if k.Op != "moe" || k.DType != quant.Q8Row && k.DType != quant.Q4TP {
-				continue
-			}
-			for name, sched := range backendtest.Schedules() {
-				n0, m0 := len(f.calls), len(f2.calls)
-				got, err := backendtest.Run(d, k, sched, 11)
-				if err != nil {
-					t.Fatalf("%s / %s: %v", k.Name, name, err)
-				}
-				plain, err := backendtest.Run(d2, k, sched, 11)
-				if err != nil {
-					t.Fatalf("%s / %s (NoFusion): %v", k.Name, name, err)
-				}
-				routers := 0
-				for _, call := range f.calls[n0:] {
-					switch {
-					case call.name == "moe_router_f32":
-						routers++
-						if k.Shared != (call.ptr(17) != 0) {
-							t.Errorf("%s / %s: shared expert %v, the router's gate row %#x", k.Name, name, k.Shared, call.ptr(17))
-						}
-					case strings.HasPrefix(call.name, "mv_f32_r"):
-						if strings.HasPrefix(name, "prefill") && name != "prefill9+decode" {
-							t.Errorf("%s / %s: %s beside moe_router_f32 (the shared gate is the router's)", k.Name, name, call.name)
-						}
-					case strings.HasPrefix(call.name, "mv_moe_dc_"):
-						fused++
-						if call.ptr(14) != 0 {
-							shared++
-						}
-					case call.name == "moe_combine" && call.ptr(9) == 0:
-						t.Errorf("%s / %s: an ungrouped moe_combine ran beside the fused kernels", k.Name, name)
-					case call.name == "silu_mul" && strings.HasPrefix(name, "prefill") && name != "prefill9+decode":
-						// steps of ≤ 8 rows: the shared expert's SwiGLU is in its down matvec's prologue
-						t.Errorf("%s / %s: silu_mul in a step of at most 8 rows", k.Name, name)
+		moeVariantsOnFake(t, graphs, "NoFusion", Options{NoFusion: true}, quantized, func(k backendtest.Case, name string, calls, alt []fakeCall) {
+			small := strings.HasPrefix(name, "prefill") && name != "prefill9+decode" // every step ≤ 8 rows
+			routers := 0
+			for _, call := range calls {
+				switch {
+				case call.name == "moe_router_f32":
+					routers++
+					if k.Shared != (call.ptr(17) != 0) {
+						t.Errorf("%s / %s: shared expert %v, the router's gate row %#x", k.Name, name, k.Shared, call.ptr(17))
 					}
-				}
-				if routers == 0 {
-					t.Errorf("%s / %s: no moe_router_f32 ran", k.Name, name)
-				}
-				for _, call := range f2.calls[m0:] {
-					if call.name == "moe_router_f32" || strings.HasPrefix(call.name, "mv_moe_dc_") {
-						t.Fatalf("%s / %s: %s ran with NoFusion", k.Name, name, call.name)
+				case strings.HasPrefix(call.name, "mv_f32_r") && small:
+					t.Errorf("%s / %s: %s beside moe_router_f32 (the shared gate is the router's)", k.Name, name, call.name)
+				case strings.HasPrefix(call.name, "mv_moe_dc_"):
+					fused++
+					if call.ptr(14) != 0 {
+						shared++
 					}
-				}
-				want, err := backendtest.Run(c, k, sched, 11)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n := backendtest.NMSE(got, want); n > 1e-5 || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: fused NMSE %.3g against the CPU (tolerance 1e-5)", graphs, k.Name, name, n)
-				}
-				if n := backendtest.NMSE(got, plain); n > 1e-9 || math.IsNaN(n) {
-					t.Errorf("graphs %v: %s / %s: fused vs NoFusion NMSE %.3g (tolerance 1e-9)", graphs, k.Name, name, n)
+				case call.name == "moe_combine" && call.ptr(9) == 0:
+					t.Errorf("%s / %s: an ungrouped moe_combine ran beside the fused kernels", k.Name, name)
+				case call.name == "silu_mul" && small:
+					// the shared expert's SwiGLU is in its down matvec's prologue
+					t.Errorf("%s / %s: silu_mul in a step of at most 8 rows", k.Name, name)
 				}
 			}
-		}
+			if routers == 0 {
+				t.Errorf("%s / %s: no moe_router_f32 ran", k.Name, name)
+			}
+			for _, call := range alt {
+				if call.name == "moe_router_f32" || strings.HasPrefix(call.name, "mv_moe_dc_") {
+					t.Fatalf("%s / %s: %s ran with NoFusion", k.Name, name, call.name)
+				}
+			}
+		})
 		if fused == 0 || shared == 0 {
 			t.Fatalf("graphs %v: %d fused down+combine launches, %d with a shared expert", graphs, fused, shared)
 		}

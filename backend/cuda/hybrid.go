@@ -98,7 +98,7 @@ func (st *state) MoE(w *backend.MoE) {
 	case grouped:
 		yd, inv = st.moeGrouped(w, fam, dt, tabs, xb, ids, R, H, I, E, k)
 	case !fused:
-		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k)
+		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k, nil)
 	}
 	var ys, sg driver.DevicePtr
 	if w.Shared != nil {
@@ -127,7 +127,7 @@ func (st *state) MoE(w *backend.MoE) {
 		}
 	}
 	if fused {
-		st.moeSlotsCombine(dt, tabs, xb, ids, wts, gu, x, ys, sg, R, H, I, E, k)
+		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k, &moeComb{wts, x, ys, sg})
 		return
 	}
 	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H).Ptr(inv)
@@ -141,31 +141,6 @@ func (st *state) moeFusable(w *backend.MoE, dt quant.DType, H int) bool {
 	r, ok := w.Router.(*mat)
 	return ok && st.rows <= maxMatvecRows && !st.d.opt.NoFusion && (dt == quant.Q4TP || dt == quant.Q8Row) &&
 		r.dt == quant.F32 && r.cols == H && r.rows == len(w.Experts) && kern.MoERouterFits(r.rows, H, r.p)
-}
-
-// moeSlotsCombine runs the experts of a decode step fused: per chunk of
-// moeMaxSlots slots, the gate|up products (mv_moe_*, as moeSlots) and then
-// mv_moe_dc_*: the down products summed by their weights (and the gated
-// shared expert ys, sg when set) straight into x.
-func (st *state) moeSlotsCombine(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, wts, gu, x, ys, sg driver.DevicePtr, R, H, I, E, k int) {
-	chunk := max(1, moeMaxSlots/k)
-	for c0 := 0; c0 < R; c0 += chunk {
-		n := min(chunk, R-c0)
-		sl := int64(c0 * k)
-		st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
-			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
-		dc := kern.MoEDownCombineArgs{Table: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, Rows: H, Cols: I,
-			X: gu.Add(4 * sl * int64(2*I)), Ldx: 2 * I, Xoff: I, Y: x.Add(4 * int64(c0) * int64(H)), Ldy: H, W8: wts.Add(4 * sl)}
-		if ys != 0 {
-			dc.YS, dc.G = ys.Add(4*int64(c0)*int64(H)), sg.Add(4*int64(c0))
-		}
-		if err := dc.Check(dt); err != nil {
-			st.fail(fmt.Errorf("cuda: %w", err))
-			return
-		}
-		dc.Pack(st.a())
-		st.launch("mv_moe_dc_"+kern.MoEExpertFamily(dt), kern.MoEDownCombineGrid(n, H, st.d.info.SMs), driver.D1(512), kern.MatvecShared(I, n*k))
-	}
 }
 
 // moeGroupRows: steps of more rows than this (prefill chunks, large
@@ -239,18 +214,39 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 
 // moeSlots runs the experts of a small step one matvec per (row, slot)
 // over the selected expert (mv_moe_*: gate and up in one launch, then
-// down), in chunks of moeMaxSlots slots.
-func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int) {
+// down into yd), in chunks of moeMaxSlots slots. With comb (fused decode
+// steps) the down launch is mv_moe_dc_*: the down products summed by their
+// weights (and the gated shared expert) straight into the residual.
+func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int, comb *moeComb) {
 	chunk := max(1, moeMaxSlots/k)
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
 		st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
 			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
-		st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
-			yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+		if comb == nil {
+			st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+				yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+			continue
+		}
+		dc := kern.MoEDownCombineArgs{Table: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, Rows: H, Cols: I,
+			X: gu.Add(4 * sl * int64(2*I)), Ldx: 2 * I, Xoff: I, Y: comb.x.Add(4 * int64(c0) * int64(H)), Ldy: H, W8: comb.wts.Add(4 * sl)}
+		if comb.ys != 0 {
+			dc.YS, dc.G = comb.ys.Add(4*int64(c0)*int64(H)), comb.sg.Add(4*int64(c0))
+		}
+		if err := dc.Check(dt); err != nil {
+			st.fail(fmt.Errorf("cuda: %w", err))
+			return
+		}
+		dc.Pack(st.a())
+		st.launch("mv_moe_dc_"+kern.MoEExpertFamily(dt), kern.MoEDownCombineGrid(n, H, st.d.info.SMs), driver.D1(512), kern.MatvecShared(I, n*k))
 	}
 }
+
+// moeComb is the combine mv_moe_dc_* folds into a decode step's down
+// launches: the routing weights, the residual rows, the shared expert's
+// output and gate logits (0: none).
+type moeComb struct{ wts, x, ys, sg driver.DevicePtr }
 
 // moeLaunch queues mv_moe_<fam> over nslot slots of nmat rowsE×cols
 // matrices of E experts from table, nx activation rows quantized in the
