@@ -201,6 +201,15 @@ type Batch struct {
 	// written to OutRows[k], of at least vocab floats: the callers'
 	// per-sequence buffers, filled without a copy through one block.
 	OutRows [][]float32
+	// Step, when non-zero, names the step function Run is given and
+	// promises that the launches it makes depend on the batch's shape
+	// alone (the sequences in order, their token counts, Logits, whether
+	// Next is set, LogitsOf, how many OutRows) and on the device's own
+	// state, never on token values or positions: a device that replays
+	// recorded decode steps may then replay a step equal in all of these
+	// to the last one it replayed without deriving its launches again.
+	// Package model sets its Model's id.
+	Step uint64
 }
 
 // Argmaxer is a device that can pick greedy tokens itself (Batch.Next).
@@ -373,11 +382,19 @@ type StepTimer interface {
 
 // StepTimes are a StepTimer's figures, in device time.
 type StepTimes struct {
-	Steps      int           // decode steps timed whole
-	Graphs     int           // how many of them were replayed graphs
-	StepTime   time.Duration // their sum
+	Steps    int           // decode steps timed whole
+	Graphs   int           // how many of them were replayed graphs
+	StepTime time.Duration // their sum
+	// Unchecked: how many of the Graphs replayed without packing the step
+	// again to compare it with the recording (Batch.Step).
+	Unchecked  int
 	Kernels    int           // kernels of the one step timed kernel by kernel
 	KernelTime time.Duration // the sum of those kernels' times
+	// Host wall time of the Steps timed whole, entry to return of Run:
+	// HostRun in all, of which HostCheck packing each step to compare it
+	// with its recorded graph and HostWait after the launches (the
+	// device's remaining work, the result copies, the syncs).
+	HostRun, HostCheck, HostWait time.Duration
 }
 
 // Releaser is a device whose sequences hold pooled resources (a GPU's

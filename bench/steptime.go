@@ -22,6 +22,14 @@ type StepProfile struct {
 	Kernels  int     `json:"kernels"`       // kernels of the step timed one by one
 	KernelUS float64 `json:"kernel_us"`     // the sum of their times, µs
 	GapUS    float64 `json:"gap_us"`        // StepUS − KernelUS
+	// Host wall time a step, µs: the whole Forward call (WallUS), the
+	// device's Run inside it (RunUS), of which packing the step to check
+	// it against its graph (CheckUS) and the time after its launches
+	// (WaitUS: the device finishing, the logits copy, the syncs).
+	WallUS  float64 `json:"wall_us"`
+	RunUS   float64 `json:"run_us"`
+	CheckUS float64 `json:"check_us"`
+	WaitUS  float64 `json:"wait_us"`
 }
 
 // ProfileSteps decodes steps tokens after a one-token prompt with t's
@@ -40,15 +48,25 @@ func ProfileSteps(ctx context.Context, path string, e *engine.Engine, t backend.
 	V := e.File.Header.Arch.VocabSize
 	t.TimeSteps(true)
 	defer t.TimeSteps(false)
+	var wall time.Duration
 	for k := 0; k <= steps; k++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		t0 := time.Now()
 		if _, err := e.Model.Forward(s.Cache(), []int{(k*7919 + 13) % V}, k, model.LastLogits); err != nil {
 			return nil, err
 		}
+		if k > 0 { // step 0 is the one timed kernel by kernel
+			wall += time.Since(t0)
+		}
 	}
-	return stepProfile(path, t.StepTimes())
+	p, err := stepProfile(path, t.StepTimes())
+	if err != nil {
+		return nil, err
+	}
+	p.WallUS = float64(wall) / float64(time.Microsecond) / float64(steps)
+	return p, nil
 }
 
 // stepProfile turns a StepTimer's figures into a StepProfile.
@@ -60,6 +78,8 @@ func stepProfile(path string, st backend.StepTimes) (*StepProfile, error) {
 	p := &StepProfile{Model: path, Steps: st.Steps, Graphs: st.Graphs, StepUS: us(st.StepTime) / float64(st.Steps),
 		Kernels: st.Kernels, KernelUS: us(st.KernelTime)}
 	p.GapUS = p.StepUS - p.KernelUS
+	n := float64(st.Steps)
+	p.RunUS, p.CheckUS, p.WaitUS = us(st.HostRun)/n, us(st.HostCheck)/n, us(st.HostWait)/n
 	return p, nil
 }
 
@@ -74,4 +94,8 @@ func (p *StepProfile) markdown(w io.Writer) {
 	pct := func(x float64) float64 { return 100 * x / p.StepUS }
 	fmt.Fprintf(w, "decode step of %s on the device: %.0f µs (mean of %d, %s); kernels %.0f µs (%.0f%%: %d kernels, each timed by events in one eager step), gaps between kernels %.0f µs (%.0f%%)\n",
 		p.Model, p.StepUS, p.Steps, how, p.KernelUS, pct(p.KernelUS), p.Kernels, p.GapUS, pct(p.GapUS))
+	if p.WallUS > 0 {
+		fmt.Fprintf(w, "host wall time a decode step: %.0f µs (%.0f µs over the device's step); in the device's Run %.0f µs: packing the step to check it against its graph %.0f µs, after the launches (the device finishing, the logits copy, the syncs) %.0f µs\n",
+			p.WallUS, p.WallUS-p.StepUS, p.RunUS, p.CheckUS, p.WaitUS)
+	}
 }

@@ -225,7 +225,7 @@ func (m *Model) forward(c *Cache, tokens []int, pos int, want Logits, next []int
 		all = make([]float32, len(tokens)*V)
 	}
 	b := &c.b
-	b.Seqs, b.Tokens, b.RopeLen = c.seqs[:], c.toks[:], c.ropeLen[:]
+	b.Seqs, b.Tokens, b.RopeLen, b.Step = c.seqs[:], c.toks[:], c.ropeLen[:], m.id
 	// Dynamic RoPE frequencies depend on the call's last position, as in
 	// transformers.
 	c.ropeLen[0] = pos + len(tokens)
@@ -356,7 +356,7 @@ func (m *Model) multiBatch(caches []*Cache, tokens [][]int) (backend.Batch, erro
 	if len(caches) != len(tokens) {
 		return backend.Batch{}, fmt.Errorf("model: %d caches but %d token lists", len(caches), len(tokens))
 	}
-	b := backend.Batch{Seqs: make([]backend.Seq, len(caches)), Tokens: tokens, Logits: backend.LastLogits}
+	b := backend.Batch{Seqs: make([]backend.Seq, len(caches)), Tokens: tokens, Logits: backend.LastLogits, Step: m.id}
 	for i, c := range caches {
 		for _, d := range caches[:i] {
 			if d == c {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync/atomic"
 
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/cmf"
@@ -71,7 +72,13 @@ type Model struct {
 	w     weights
 	hy    []hyLayer         // hybrid models (hybrid.go): the layers; w.layers is empty
 	step  func(backend.Ops) // one step of the network over a batch's rows
+	// id names step in the batches (backend.Batch.Step): the step's
+	// launches depend on the batch's shape and the weights alone.
+	id uint64
 }
+
+// modelIDs hands out Model.id.
+var modelIDs atomic.Uint64
 
 // Load builds a runnable model over an open CMF file: it checks the
 // architecture, then every tensor's presence, format and shape, and makes
@@ -114,7 +121,7 @@ func Load(m *cmf.Model, opt LoadOptions) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", a.ArchName, err)
 	}
-	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, batch: opt.Batch}
+	md := &Model{Arch: a, cfg: cfg, dev: opt.Device, batch: opt.Batch, id: modelIDs.Add(1)}
 	if fam.hybrid {
 		md.w, md.hy = loadHybrid(ld, &cfg, &a, rope)
 		md.spec, md.step = spec, md.hybridStep

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cortiq/cortiq/backend"
@@ -74,6 +75,10 @@ type Options struct {
 	// (separate rmsnorm and silu_mul launches): the parity tests compare
 	// both.
 	NoFusion bool
+	// CheckEveryStep packs every decode step to compare it with its graph
+	// before replaying it, even when the step and its shape are the last
+	// checked replay's (Batch.Step; for comparisons and tests).
+	CheckEveryStep bool
 	// NoMoEGroups runs every mixture-of-experts step one matvec per (row,
 	// slot) (mv_moe_*) instead of grouping steps of more than 8 rows by
 	// expert (moe_sort + gemmq_moe_*): the parity tests compare both.
@@ -137,15 +142,25 @@ type Device struct {
 	ls   []driver.DevicePtr
 	free []int // free K/V slots
 
-	st      *state
-	graphs  map[graphKey]graph
-	replays int
-	optin   map[string]int                // kernels' opted-in dynamic shared memory (device thread only)
-	prof    *profile                      // Options.Profile
-	moeDone map[string][]driver.DevicePtr // MoE expert tables as written (device thread only)
+	st        *state
+	graphs    map[graphKey]graph
+	replays   int
+	unchecked int
+	optin     map[string]int                // kernels' opted-in dynamic shared memory (device thread only)
+	prof      *profile                      // Options.Profile
+	moeDone   map[string][]driver.DevicePtr // MoE expert tables as written (device thread only)
+	moeNames  map[*backend.MoE]string       // their scratch names (device thread only)
 
 	timing *backend.StepTimes // StepTimer figures, nil: not timing
-	events []driver.Event     // its timing events, made on first use
+	// hostTimed: the step runStep just ran was timed whole (Run adds its
+	// wall time to timing.HostRun).
+	hostTimed bool
+	// gen counts the changes to what a step's launches may depend on
+	// (uploads, sequence state, scratch growth: every mutate and every
+	// step not replayed); memo is the last checked replay (memo.go).
+	gen    atomic.Uint64
+	memo   replayMemo
+	events []driver.Event // its timing events, made on first use
 }
 
 // stageBytes is the pinned staging buffer used for uploads and per-step
@@ -222,6 +237,13 @@ func Open(opt Options) (*Device, error) {
 }
 
 // Name says which GPU runs the steps.
+// mutate runs f on the device thread as a change of the device's state
+// (no replay skips its check across it).
+func (d *Device) mutate(f func(r runner) error) error {
+	d.gen.Add(1)
+	return d.do(f)
+}
+
 func (d *Device) Name() string {
 	return fmt.Sprintf("cuda:%d (%s, %d SMs, kernels: %s)", d.opt.Ordinal, d.info.Name, d.info.SMs, d.mod.Source)
 }
@@ -270,7 +292,7 @@ func (d *Device) MemoryPlan() MemoryPlan { return d.memPlan }
 func (d *Device) plan(weightBytes int64, spec backend.SeqSpec, widest int) (MemoryPlan, error) {
 	p := MemoryPlan{Weights: weightBytes, KV: int64(d.opt.Seqs) * (d.kvBytes(spec) + spec.StateBytes())}
 	p.Scratch = scratchBytes(d.opt.MaxRows, widest, spec, d.info.SMs, !d.opt.NoMMQ)
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		free, _, err := r.memInfo()
 		p.Free = free
 		return err
@@ -320,7 +342,7 @@ func kernelFormat(dt quant.DType) (string, error) {
 // upload copies b to a new device allocation through the pinned stage.
 func (d *Device) upload(b []byte) (driver.DevicePtr, error) {
 	var p driver.DevicePtr
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		var err error
 		if p, err = r.alloc(int64(max(len(b), 16))); err != nil {
 			return err
@@ -565,7 +587,7 @@ func (d *Device) zeroState(slot int) error {
 		return nil
 	}
 	per := d.spec.DeltaNetShape.StateBytes()
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		stage := r.stage()
 		n := int(min(int64(len(stage)), per))
 		clear(stage[:n])
@@ -589,7 +611,7 @@ func (d *Device) zeroState(slot int) error {
 // (in the spec's order) to host (toHost) or from it, through the stage.
 func (d *Device) stateCopy(slot int, host []float32, toHost bool) error {
 	per := d.spec.DeltaNetShape.StateBytes()
-	return d.do(func(r runner) error {
+	return d.mutate(func(r runner) error {
 		stage := r.stage()
 		chunk := int64(len(stage)) &^ 3
 		h := 0 // floats of host done
@@ -681,7 +703,7 @@ func (s *seq) CopyPrefix(src backend.Seq, n int) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	nkv, hd, ctx, es := int64(d.spec.KVHeads), int64(d.spec.HeadDim), int64(d.opt.Ctx), d.kvElem()
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		for _, l := range d.spec.Attention {
 			for _, p := range []driver.DevicePtr{d.kc[l], d.vc[l]} {
 				for h := range nkv {
@@ -712,7 +734,7 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 	d.kvHalf = d.kvHalfFor(spec)
 	per := int64(d.opt.Seqs) * int64(spec.KVHeads) * int64(d.opt.Ctx) * int64(spec.HeadDim) * d.kvElem()
 	d.kc, d.vc = make([]driver.DevicePtr, spec.Layers), make([]driver.DevicePtr, spec.Layers)
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		for _, l := range spec.Attention {
 			for _, dst := range []*driver.DevicePtr{&d.kc[l], &d.vc[l]} {
 				p, err := r.alloc(per)
@@ -750,7 +772,7 @@ func (d *Device) allocKV(spec backend.SeqSpec) error {
 
 // freeKV frees the K/V pool (every slot free, no step in flight).
 func (d *Device) freeKV() error {
-	err := d.do(func(r runner) error {
+	err := d.mutate(func(r runner) error {
 		var errs []error
 		for _, ps := range [][]driver.DevicePtr{d.kc, d.vc, d.ls} {
 			for _, p := range ps {

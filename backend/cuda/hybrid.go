@@ -270,7 +270,14 @@ func (st *state) moeLaunch(dt quant.DType, table driver.DevicePtr, E, nmat int, 
 func (st *state) moeTables(w *backend.MoE) [3]driver.DevicePtr {
 	E := len(w.Experts)
 	var t [3]driver.DevicePtr
-	name := fmt.Sprintf("moe_table_%p", w)
+	name, ok := st.d.moeNames[w]
+	if !ok {
+		name = fmt.Sprintf("moe_table_%p", w)
+		if st.d.moeNames == nil {
+			st.d.moeNames = map[*backend.MoE]string{}
+		}
+		st.d.moeNames[w] = name
+	}
 	p := st.buf(name, int64(3*E*8))
 	if st.err != nil || p == 0 {
 		return t

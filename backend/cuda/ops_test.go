@@ -40,7 +40,7 @@ type fakeCall struct {
 }
 
 type fakeGPU struct {
-	t         *testing.T
+	t         testing.TB
 	man       *kern.Manifest
 	next      driver.DevicePtr
 	allocs    []*fakeAlloc
@@ -54,6 +54,8 @@ type fakeGPU struct {
 	seqs      int // slots of the K/V pool
 	// expect, when set, gives each row's expected position and slot.
 	expectPos, expectSlot []int
+	// stepID is the Batch.Step of the batches step makes.
+	stepID uint64
 	d                     *Device // the device whose staged inputs positions are read from
 	// numeric runs each launch's model (fakeexec_test.go) on the memory.
 	numeric bool
@@ -102,7 +104,7 @@ func (f *fakeGPU) inputs() (driver.DevicePtr, int) {
 	return f.d.st.bufs["inputs"].p, f.d.opt.MaxRows
 }
 
-func newFake(t *testing.T, seqs int) *fakeGPU {
+func newFake(t testing.TB, seqs int) *fakeGPU {
 	t.Helper()
 	m, err := kern.ReadManifest()
 	if err != nil {
@@ -849,7 +851,7 @@ func fakeOpen(f *fakeGPU, opt Options) *Device {
 // step runs one batch on the fake as Run does on the GPU.
 func (f *fakeGPU) step(t *testing.T, d *Device, seqs []*seq, tokens [][]int, logits backend.Logits, n *testNet, vocab int) error {
 	t.Helper()
-	b := &backend.Batch{Tokens: tokens, Logits: logits}
+	b := &backend.Batch{Tokens: tokens, Logits: logits, Step: f.stepID}
 	f.expectPos, f.expectSlot = nil, nil
 	for i, s := range seqs {
 		b.Seqs = append(b.Seqs, s)
@@ -1265,6 +1267,10 @@ func TestStepTimer(t *testing.T) {
 			Kernels: n, KernelTime: time.Duration(n) * fakeKernel}
 		if n == 0 || f.replays-before != 5 || !closeTimes(got, want) {
 			t.Fatalf("round %d: %d kernels a step, %d replays: step times %+v, want %+v", round, n, f.replays-before, got, want)
+		}
+		// The host's share: the check and the wait are parts of Run's wall time.
+		if got.HostRun <= 0 || got.HostCheck < 0 || got.HostWait < 0 || got.HostCheck+got.HostWait > got.HostRun {
+			t.Fatalf("round %d: host times run %v, check %v, wait %v", round, got.HostRun, got.HostCheck, got.HostWait)
 		}
 	}
 	d.TimeSteps(false)

@@ -40,8 +40,12 @@ func (a *Args) Bytes() []byte { return a.buf }
 // slot appends a parameter of n bytes aligned to align and returns it.
 func (a *Args) slot(n, align int) []byte {
 	off := (len(a.buf) + align - 1) &^ (align - 1)
-	for len(a.buf) < off+n {
-		a.buf = append(a.buf, 0)
+	old, end := len(a.buf), off+n
+	if end <= cap(a.buf) {
+		a.buf = a.buf[:end]
+		clear(a.buf[old:end]) // the padding and the slot
+	} else {
+		a.buf = append(a.buf, make([]byte, end-old)...)
 	}
 	a.offs = append(a.offs, off)
 	a.sizes = append(a.sizes, n)

@@ -127,6 +127,20 @@ func b2i(b bool) int {
 
 // mvFamily names the matvec/gemm kernel family of a format; q8_2f uses
 // q8_row's kernels on prescaled activations.
+// mvNames: mv_<family>_r<R> by family and R−1 (no formatting per launch:
+// a decode step's check packs hundreds of them).
+var mvNames = func() map[string][MaxMatvecRows]string {
+	m := map[string][MaxMatvecRows]string{}
+	for _, fam := range []string{"f32", "f16", "bf16", "q8row", "q4tp"} {
+		var n [MaxMatvecRows]string
+		for r := range n {
+			n[r] = fmt.Sprintf("mv_%s_r%d", fam, r+1)
+		}
+		m[fam] = n
+	}
+	return m
+}()
+
 func mvFamily(d quant.DType) (string, error) {
 	switch d {
 	case quant.F32:
@@ -166,7 +180,7 @@ func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config,
 	if R < 1 || R > MaxMatvecRows || rows < 1 || cols < 1 || (d == quant.Q4TP && cols%32 != 0) {
 		return "", driver.Config{}, fmt.Errorf("kern: matvec %s %d×%d with %d rows", d, rows, cols, R)
 	}
-	name := fmt.Sprintf("mv_%s_r%d", fam, R)
+	name := mvNames[fam][R-1]
 	if !quantizedActs(d) {
 		return name, driver.Config{Grid: driver.D1((rows + 7) / 8), Block: driver.D1(128)}, nil
 	}
@@ -1201,7 +1215,19 @@ func MoEMatvecGrid(nslot, nmat, rowsE, sms int) driver.Dim3 {
 // MoEExpertFamily names the mv_moe_* kernel of experts stored as d
 // ("" when there is none: q8_2f).
 func MoEExpertFamily(d quant.DType) string {
-	return map[quant.DType]string{quant.Q8Row: "q8row", quant.Q4TP: "q4tp", quant.F32: "f32", quant.F16: "f16", quant.BF16: "bf16"}[d]
+	switch d {
+	case quant.Q8Row:
+		return "q8row"
+	case quant.Q4TP:
+		return "q4tp"
+	case quant.F32:
+		return "f32"
+	case quant.F16:
+		return "f16"
+	case quant.BF16:
+		return "bf16"
+	}
+	return ""
 }
 
 // MoEMatvecSharedFor is the dynamic shared memory of mv_moe_* over experts
