@@ -252,6 +252,7 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
     float v[4][4];
 #pragma unroll
     for (int u = 0; u < 4; u++) {  // four quads' loads in flight
+      if (R <= 4 && base + u * MQ_WARPS * 32 >= nq) break;  // block-uniform: no quad of the block left (R ≤ 4: the larger R keep their registers)
       const int qd = base + u * MQ_WARPS * 32 + tid;
       const int r = qd / (nb * 8), i = 4 * (qd - r * nb * 8);
       const float* xr = x + (size_t)r * ldx;
@@ -285,6 +286,7 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
     }
 #pragma unroll
     for (int u = 0; u < 4; u++) {
+      if (R <= 4 && base + u * MQ_WARPS * 32 >= nq) break;
       const int qd = base + u * MQ_WARPS * 32 + tid;
       const int r = qd / (nb * 8), k = qd - r * nb * 8;
       mq_quant4<PERM>(v[u], r, k >> 3, 4 * (k & 7), nb, ps, xq, xds, qd < nq);

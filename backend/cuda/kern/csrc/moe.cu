@@ -14,21 +14,27 @@
 
 // moe_route: one block per activation row. Params (logits, ldl, E, k,
 // renorm, ids, w): ids/w [R][k]. Launch: grid R, block 256, E ≤ MOE_MAXE.
-// The softmax is spread over the block; the top k are picked by warp 0 from
-// the probabilities in shared memory, k rounds of a warp argmax (greater
-// probability, then the lower index; a NaN counts as −1, below every
-// probability), each round marking its pick taken.
+// The softmax is spread over the block; the top k in the order greater
+// probability, then the lower index (a NaN counts as −1, below every
+// probability) are found from the probabilities in shared memory: up to
+// MOE_RANKE experts by every entry's rank in that order (one pass, each
+// thread counting the entries before its own), above it by k rounds of a
+// warp argmax by warp 0, each round marking its pick taken.
 #define MOE_MAXE 1024
+// Up to MOE_RANKE experts (and at most two a thread) the picks are found
+// in one pass: each entry's rank in the order by counting.
+#define MOE_RANKE 256
 // moe_route_row: the routing of one row of E logits l by a whole block
 // (any multiple of 32 threads): the softmax over the block, written back
-// into l as probabilities, then warp 0's k rounds of a warp argmax.
+// into l as probabilities, then the top k (ranks, or warp 0's rounds).
 // The logits are read through L2 (another block of moe_router_f32 may
 // have written them).
 __device__ __forceinline__ void moe_route_row(float* __restrict__ l, int E, int k, int renorm, int* __restrict__ ids,
                                               float* __restrict__ w) {
   __shared__ double red[32];
   __shared__ float fred[32];
-  __shared__ float p[MOE_MAXE];
+  __shared__ float p[MOE_MAXE], q[MOE_MAXE];
+  __shared__ int sel[MOE_MAXE];
   const int tid = threadIdx.x, lane = tid & 31;
   float mx = -INFINITY;
   for (int e = tid; e < E; e += blockDim.x) {
@@ -48,9 +54,37 @@ __device__ __forceinline__ void moe_route_row(float* __restrict__ l, int E, int 
   for (int e = tid; e < E; e += blockDim.x) {
     const float v = p[e] * inv;
     l[e] = v;
+    q[e] = v;
     p[e] = v != v ? -1.0f : v;
   }
   __syncthreads();
+  if (E <= MOE_RANKE && (int)blockDim.x * 2 >= E) {
+    // Each entry's place in the order (greater probability, then the
+    // lower index) by counting the entries before it: the k rounds' picks
+    // in one pass, the same order.
+    for (int e = tid; e < E; e += blockDim.x) {
+      const float v = p[e];
+      int rank = 0;
+      for (int j = 0; j < E; j++) {
+        const float u = p[j];
+        rank += (u > v) | ((u == v) & (j < e));
+      }
+      if (rank < k) sel[rank] = e;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float sum = 0.0f;
+      for (int j = 0; j < k; j++) {
+        const float pv = q[sel[j]];
+        ids[j] = sel[j];
+        w[j] = pv;
+        sum += pv;
+      }
+      if (renorm)
+        for (int j = 0; j < k; j++) w[j] = w[j] / sum;
+    }
+    return;
+  }
   if (tid >= 32) return;
   float sum = 0.0f;
   for (int j = 0; j < k; j++) {
@@ -66,7 +100,7 @@ __device__ __forceinline__ void moe_route_row(float* __restrict__ l, int E, int 
       const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
       if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    const float pv = l[bi];  // the probability itself (a NaN stays a NaN)
+    const float pv = q[bi];  // the probability itself (a NaN stays a NaN)
     if (lane == 0) {
       ids[j] = bi;
       w[j] = pv;
@@ -297,25 +331,81 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
     }
     __syncthreads();
   }
-  const int nq = nx * nb * 8;
-  for (int base = 0; base < nq; base += blockDim.x) {
-    const int qd = base + tid;
-    const int r = qd / (nb * 8), kq = qd - r * nb * 8, i = 4 * kq;
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (qd < nq) {
-      const float* xr = x + (size_t)r * ldx;
+  const int nq = nx * nb * 8, nt = blockDim.x;
+  const bool vec = aligned16(x) && ldx % 4 == 0 && xoff % 4 == 0 && (!norm || aligned16(nw));
+  // Four quads a thread in flight (their loads first, then their
+  // quantization); the u past the block's last quad are skipped
+  // block-uniformly (every lane reaches every shuffle).
+  for (int base = 0; base < nq; base += 4 * nt) {
+    float v[4][4];
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        if (i + j >= cols) continue;
-        float e = xr[i + j];
-        if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * xr[xoff + i + j];
-        else if (norm) e = rms_apply(e, inv[r], nw[i + j], pro == MQ_NORM1);
-        v[j] = e;
+    for (int u = 0; u < 4; u++) {
+      if (base + u * nt >= nq) break;
+      const int qd = base + u * nt + tid;
+      const int r = qd / (nb * 8), kq = qd - r * nb * 8, i = 4 * kq;
+#pragma unroll
+      for (int j = 0; j < 4; j++) v[u][j] = 0.0f;
+      if (qd >= nq) continue;
+      const float* xr = x + (size_t)r * ldx;
+      if (vec && i + 4 <= cols) {
+        const float4 t = *(const float4*)(xr + i);
+        const float e[4] = {t.x, t.y, t.z, t.w};
+        if (pro == MQ_SILU) {
+          const float4 w4 = *(const float4*)(xr + xoff + i);
+          const float up[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) v[u][j] = e[j] / (1.0f + expf(-e[j])) * up[j];
+        } else if (norm) {
+          const float4 w4 = *(const float4*)(nw + i);
+          const float wv[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+          for (int j = 0; j < 4; j++) v[u][j] = rms_apply(e[j], inv[r], wv[j], pro == MQ_NORM1);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; j++) v[u][j] = e[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          if (i + j >= cols) continue;
+          float e = xr[i + j];
+          if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * xr[xoff + i + j];
+          else if (norm) e = rms_apply(e, inv[r], nw[i + j], pro == MQ_NORM1);
+          v[u][j] = e;
+        }
       }
     }
-    mq_quant4<PERM>(v, r, kq >> 3, 4 * (kq & 7), nb, ps, xq, xds, qd < nq);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (base + u * nt >= nq) break;
+      const int qd = base + u * nt + tid;
+      const int r = qd / (nb * 8), kq = qd - r * nb * 8;
+      mq_quant4<PERM>(v[u], r, kq >> 3, 4 * (kq & 7), nb, ps, xq, xds, qd < nq);
+    }
   }
   __syncthreads();
+}
+
+// moe_prefetch: the bytes of expert row o of W (rowsE rows of cols, Q4:
+// q4tp's quants, codes and ladder; else q8_row's quants and scale) into L2,
+// for a lane to issue before the prologue so that its DRAM latency passes
+// while the activations are quantized.
+template <bool Q4>
+__device__ __forceinline__ void moe_prefetch(const uint8_t* W, int o, int rowsE, int cols) {
+  const int nb = (cols + 31) / 32;
+  const uint8_t* q = Q4 ? W + (size_t)o * nb * 16 : W + (size_t)o * cols;
+  const int n = Q4 ? nb * 16 : cols;
+  for (int off = 0; off < n; off += 128) prefetch_l2(q + off);
+  prefetch_l2(q + n - 1);
+  if (Q4) {
+    const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
+    const int stride = (5 * nb + 7) / 8;
+    prefetch_l2(W + poff + 4 * (size_t)o);
+    prefetch_l2(W + coff + (size_t)o * stride);
+    prefetch_l2(W + coff + (size_t)o * stride + stride - 1);
+  } else {
+    prefetch_l2(W + (size_t)rowsE * cols + 2 * (size_t)o);
+  }
 }
 
 // moe_dots: out[u] = W_u[orow[u]]·x'[xr[u]] for U expert rows at once
@@ -411,6 +501,14 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   int2* xds = (int2*)(mq_smem + (size_t)nx * 2 * ps);
   pdl_trigger();
   pdl_wait();  // ids come from moe_route
+  {
+    // Lane t prefetches the warp's row t % MOE_RPW of its sweep t / MOE_RPW.
+    const int v = (blockIdx.x * nwarps + warp) * MOE_RPW + (lane / MOE_RPW) * gridDim.x * nwarps * MOE_RPW + lane % MOE_RPW;
+    if (v < N) {
+      const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+      if (e >= 0) moe_prefetch<Q4>(table[(size_t)m * E + e], o, rowsE, cols);
+    }
+  }
   moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
   for (int v0 = (blockIdx.x * nwarps + warp) * MOE_RPW; v0 < N; v0 += gridDim.x * nwarps * MOE_RPW) {  // warp-uniform
     const uint8_t* Wr[MOE_RPW];
@@ -457,6 +555,15 @@ __device__ __forceinline__ void mv_moe_dc(const uint8_t* const* __restrict__ tab
   int2* xds = (int2*)(mq_smem + (size_t)nslot * 2 * ps);
   pdl_trigger();
   pdl_wait();  // the gate|up products and the routing come from earlier launches
+  {
+    // Lane t prefetches slot t % k of the warp's output t / k (its first
+    // 32 / k outputs).
+    const int v = blockIdx.x * nwarps + warp + (lane / k) * gridDim.x * nwarps, j = lane % k;
+    if (v < N && lane / k < 32 / k) {
+      const int r = v / rowsE, o = v - r * rowsE, e = ids[r * k + j];
+      if (e >= 0) moe_prefetch<Q4>(table[e], o, rowsE, cols);
+    }
+  }
   moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
   for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
     const int r = v / rowsE, o = v - r * rowsE;
