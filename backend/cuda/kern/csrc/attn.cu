@@ -148,11 +148,12 @@ extern "C" __global__ void attn_merge(const float* __restrict__ part, float* __r
 // max and sum update the head's running (m, l), then lanes take head
 // dimensions (a float4 each) and accumulate Σ_t p_t·v_t. A split covers
 // chunk = max(⌈len/nsplit⌉, AT_TP) positions, so short rows use fewer
-// splits; splits past the length write an empty state (m = −inf, l = 0).
-// With nsplit = 1 the block writes the normalised output itself. Otherwise
+// splits; splits past the length return at once (no partial, not
+// counted). With one split holding positions (nact = 1, nsplit = 1
+// among them) its block writes the normalised output itself. Otherwise
 // it writes its partial — o at part[((r·nq + h)·nsplit + s)·hd + d], then
 // (m, l) at part[R·nq·nsplit·hd + ((r·nq + h)·nsplit + s)·2] (R = gridDim.z)
-// — and the last block of its (row, kv head) to finish, counted in
+// — and the last of its (row, kv head)'s nact blocks to finish, counted in
 // cnt[r·nkv + kh] (which it resets to 0 for the next launch), merges the
 // splits that hold positions, in split order, so the result does not
 // depend on which block came last.
@@ -258,7 +259,7 @@ __device__ __forceinline__ void at_split(int pos, int ctx, int nsplit, int s, in
 // the last of them to finish merges (last: a shared flag).
 __device__ __forceinline__ void attn_tiles_merge(float* __restrict__ part, int* __restrict__ cnt, float* __restrict__ out,
                                                  int ldo, int nq, int nkv, int hd, int nsplit, int len, int chunk,
-                                                 uint16_t* __restrict__ outh, int* last_) {
+                                                 uint16_t* __restrict__ outh, int* last_, int counted) {
   int& last = *last_;
   const int kh = blockIdx.y, r = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -270,7 +271,7 @@ __device__ __forceinline__ void attn_tiles_merge(float* __restrict__ part, int* 
   __syncthreads();
   if (threadIdx.x == 0) {
     const int done = atomicAdd(&cnt[r * nkv + kh], 1);
-    last = done == nsplit - 1;
+    last = done == counted - 1;
   }
   __syncthreads();
   if (!last) return;
@@ -341,6 +342,12 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
   const int epc = 16 / (int)sizeof(T), cpr = hd / epc;  // elements a 16-byte copy, copies a row
   int len, chunk, t0, t1;
   at_split(pos[r], ctx, nsplit, s, len, chunk, t0, t1);
+  // Splits past the length have nothing to add: they neither write a
+  // partial nor count; with one split holding positions it writes the
+  // output itself (what the merge of one partial computes, bitwise).
+  const int nact = max(1, min(nsplit, (len + chunk - 1) / chunk));
+  if (s >= nact) return;
+  const bool single = nact == 1;
   const int ntile = (t1 - t0 + AT_TP - 1) / AT_TP;
   const size_t cbase = ((size_t)slot[r] * nkv + kh) * ctx * hd;
   float* qs = sm;                       // [8][hd], scaled
@@ -426,8 +433,8 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
       const int h = kh * G + g0 + g;
       const size_t ph = ((size_t)r * nq + h) * nsplit + s;
       const float inv = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;
-      float* dst = nsplit == 1 ? out + (size_t)r * ldo + (size_t)h * hd : po + ph * hd;
-      const float f = nsplit == 1 ? inv : 1.0f;
+      float* dst = single ? out + (size_t)r * ldo + (size_t)h * hd : po + ph * hd;
+      const float f = single ? inv : 1.0f;
 #pragma unroll
       for (int j = 0; j < 2; j++) {
         const int d4 = lane + 32 * j;
@@ -435,13 +442,13 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
           const float4 v = o[hh][j];
           const float4 y = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
           *(float4*)(dst + 4 * d4) = y;
-          if (nsplit == 1 && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, y);
+          if (single && outh) at_storeh(outh + (size_t)r * nq * hd, h * hd + 4 * d4, y);
         }
       }
-      if (nsplit > 1 && lane == 0) *(float2*)(pml + 2 * ph) = make_float2(m[hh], l[hh]);
+      if (!single && lane == 0) *(float2*)(pml + 2 * ph) = make_float2(m[hh], l[hh]);
     }
   }
-  if (nsplit > 1) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, hd, nsplit, len, chunk, outh, &last);
+  if (!single) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, hd, nsplit, len, chunk, outh, &last, nact);
 }
 
 #define ATTN_TILES_PARAMS(T)                                                                                           \
@@ -653,7 +660,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, int l
       if (d == 0) *(float2*)(pml + 2 * ph) = make_float2(M, L);
     }
   }
-  if (nsplit > 1) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, HD, nsplit, len, chunk, outh, &last);
+  if (nsplit > 1) attn_tiles_merge(part, cnt, out, ldo, nq, nkv, HD, nsplit, len, chunk, outh, &last, nsplit);
 }
 extern "C" __global__ void __launch_bounds__(128) attn_mma_h_d64(ATTN_TILES_PARAMS(__half)) {
   attn_mma_body<64, 4>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, ctx, nsplit, scale, outh);
