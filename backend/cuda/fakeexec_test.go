@@ -760,6 +760,21 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		if cnt, _ := f.ints(c.ptr(16), R); slices.ContainsFunc(cnt, func(v int) bool { return v != 0 }) {
 			f.t.Fatalf("fake: moe_router_f32's counters are %v, not zeros", cnt)
 		}
+	case strings.HasPrefix(name, "mv_moe_ff_"):
+		// mv_moe_* (gate|up, ProPlain) into gu, then mv_moe_dc_* over gu.
+		fam := strings.TrimPrefix(name, "mv_moe_ff_")
+		E, nslot, k, I, H, ldx, ldgu, ldy := c.int(2), c.int(4), c.int(5), c.int(6), c.int(7), c.int(9), c.int(11), c.int(13)
+		sub := func(name string, a *driver.Args) {
+			cc := fakeCall{name: name, cfg: c.cfg, args: append([]byte(nil), a.Bytes()...)}
+			for i := range a.Len() {
+				cc.offs = append(cc.offs, a.Offset(i))
+			}
+			f.exec(&cc)
+		}
+		sub("mv_moe_"+fam, new(driver.Args).Ptr(c.ptr(0)).Int(E).Int(2).Ptr(c.ptr(3)).Int(nslot).Int(k).Int(I).Int(H).Ptr(c.ptr(8)).Int(ldx).
+			Int(0).Int(0).Ptr(c.ptr(10)).Int(ldgu).Int(kern.ProPlain).Ptr(0).F32(0))
+		sub("mv_moe_dc_"+fam, new(driver.Args).Ptr(c.ptr(1)).Int(E).Ptr(c.ptr(3)).Int(nslot).Int(k).Int(H).Int(I).Ptr(c.ptr(10)).Int(ldgu).
+			Int(I).Int(kern.ProSilu).Ptr(c.ptr(12)).Int(ldy).Ptr(c.ptr(14)).Ptr(c.ptr(15)).Ptr(c.ptr(16)))
 	case strings.HasPrefix(name, "mv_moe_dc_"):
 		// mv_moe_* over the slots' SwiGLU rows, then moe_combine into y.
 		fam := strings.TrimPrefix(name, "mv_moe_dc_")
@@ -1246,8 +1261,9 @@ func moeVariantsOnFake(t *testing.T, graphs bool, label string, alt Options, kee
 
 // TestMoEFusedOnFake: the parity suite's mixture-of-experts cases with
 // quantized experts run their decode steps' MoE blocks fused
-// (moe_router_f32 for the norm, router and routing; mv_moe_dc_* for the
-// down products and the combine: no moe_route or moe_combine in a step of
+// (moe_router_f32 for the norm, router and routing; mv_moe_ff_* for the
+// experts' gate|up, down products and combine: no moe_route, moe_combine
+// or mv_moe_dc_* in a step of
 // at most 8 rows; the shared expert's gate|up stacked and its SwiGLU in the
 // down matvec's prologue: no silu_mul) and give the logits of Options.NoFusion (the general
 // launches, none of the fused kernels) to rounding and the CPU's to 1e-5.
@@ -1269,11 +1285,13 @@ func TestMoEFusedOnFake(t *testing.T) {
 					}
 				case strings.HasPrefix(call.name, "mv_f32_r") && small:
 					t.Errorf("%s / %s: %s beside moe_router_f32 (the shared gate is the router's)", k.Name, name, call.name)
-				case strings.HasPrefix(call.name, "mv_moe_dc_"):
+				case strings.HasPrefix(call.name, "mv_moe_ff_"):
 					fused++
-					if call.ptr(14) != 0 {
+					if call.ptr(15) != 0 {
 						shared++
 					}
+				case strings.HasPrefix(call.name, "mv_moe_dc_"):
+					t.Errorf("%s / %s: mv_moe_dc_* ran beside mv_moe_ff_* (the expert FFN is one launch)", k.Name, name)
 				case call.name == "moe_combine" && call.ptr(9) == 0:
 					t.Errorf("%s / %s: an ungrouped moe_combine ran beside the fused kernels", k.Name, name)
 				case call.name == "silu_mul" && small:
@@ -1285,7 +1303,7 @@ func TestMoEFusedOnFake(t *testing.T) {
 				t.Errorf("%s / %s: no moe_router_f32 ran", k.Name, name)
 			}
 			for _, call := range alt {
-				if call.name == "moe_router_f32" || strings.HasPrefix(call.name, "mv_moe_dc_") {
+				if call.name == "moe_router_f32" || strings.HasPrefix(call.name, "mv_moe_dc_") || strings.HasPrefix(call.name, "mv_moe_ff_") {
 					t.Fatalf("%s / %s: %s ran with NoFusion", k.Name, name, call.name)
 				}
 			}
@@ -1293,7 +1311,36 @@ func TestMoEFusedOnFake(t *testing.T) {
 		if fused == 0 || shared == 0 {
 			t.Fatalf("graphs %v: %d fused down+combine launches, %d with a shared expert", graphs, fused, shared)
 		}
-		t.Logf("graphs %v: %d fused down+combine launches (%d with a shared expert)", graphs, fused, shared)
+		t.Logf("graphs %v: %d fused expert FFN launches (%d with a shared expert)", graphs, fused, shared)
+	}
+}
+
+// TestMoEFFOnFake: the fused decode path with Options.NoMoEFF (mv_moe_*
+// gate|up, then mv_moe_dc_* down and combine: two launches) gives the
+// logits of the one-launch mv_moe_ff_* to rounding; mv_moe_ff_* never
+// runs with it.
+func TestMoEFFOnFake(t *testing.T) {
+	quantized := func(k backendtest.Case) bool {
+		return k.Op == "moe" && (k.DType == quant.Q8Row || k.DType == quant.Q4TP)
+	}
+	ff, dc := 0, 0
+	moeVariantsOnFake(t, true, "NoMoEFF", Options{NoMoEFF: true}, quantized, func(k backendtest.Case, name string, calls, alt []fakeCall) {
+		for _, call := range calls {
+			if strings.HasPrefix(call.name, "mv_moe_ff_") {
+				ff++
+			}
+		}
+		for _, call := range alt {
+			switch {
+			case strings.HasPrefix(call.name, "mv_moe_ff_"):
+				t.Fatalf("%s / %s: mv_moe_ff_* ran with NoMoEFF", k.Name, name)
+			case strings.HasPrefix(call.name, "mv_moe_dc_"):
+				dc++
+			}
+		}
+	})
+	if ff == 0 || dc == 0 {
+		t.Fatalf("%d mv_moe_ff_* launches, %d mv_moe_dc_* with NoMoEFF", ff, dc)
 	}
 }
 

@@ -216,17 +216,38 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 // over the selected expert (mv_moe_*: gate and up in one launch, then
 // down into yd), in chunks of moeMaxSlots slots. With comb (fused decode
 // steps) the down launch is mv_moe_dc_*: the down products summed by their
-// weights (and the gated shared expert) straight into the residual.
+// weights (and the gated shared expert) straight into the residual; and
+// unless Options.NoMoEFF both are one launch, mv_moe_ff_* (a grid barrier
+// between the phases, the down rows prefetched under the gate|up phase).
 func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int, comb *moeComb) {
 	chunk := max(1, moeMaxSlots/k)
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
-		st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
-			gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
+		if comb == nil || st.d.opt.NoMoEFF {
+			st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+				gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
+		}
 		if comb == nil {
 			st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
 				yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
+			continue
+		}
+		if !st.d.opt.NoMoEFF {
+			// The whole expert FFN in one launch (a grid barrier between
+			// gate|up and down).
+			ff := kern.MoEFFArgs{TGU: tabs[0], TD: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, I: I, H: H,
+				X: xb.Add(4 * int64(c0) * int64(H)), Ldx: H, GU: gu.Add(4 * sl * int64(2*I)), Ldgu: 2 * I,
+				Y: comb.x.Add(4 * int64(c0) * int64(H)), Ldy: H, W8: comb.wts.Add(4 * sl), Bar: st.bufZeroed("moe_bar", 8)}
+			if comb.ys != 0 {
+				ff.YS, ff.G = comb.ys.Add(4*int64(c0)*int64(H)), comb.sg.Add(4*int64(c0))
+			}
+			if err := ff.Check(dt); err != nil && !(st.stale && ff.Bar == 0) { // (a check pass before the barrier's first allocation)
+				st.fail(fmt.Errorf("cuda: %w", err))
+				return
+			}
+			ff.Pack(st.a())
+			st.launch("mv_moe_ff_"+kern.MoEExpertFamily(dt), kern.MoEFFGrid(n*k, k, I, H, st.d.info.SMs), driver.D1(512), kern.MoEFFShared(n*k, k, I, H))
 			continue
 		}
 		dc := kern.MoEDownCombineArgs{Table: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, Rows: H, Cols: I,

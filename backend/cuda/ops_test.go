@@ -56,7 +56,7 @@ type fakeGPU struct {
 	expectPos, expectSlot []int
 	// stepID is the Batch.Step of the batches step makes.
 	stepID uint64
-	d                     *Device // the device whose staged inputs positions are read from
+	d      *Device // the device whose staged inputs positions are read from
 	// numeric runs each launch's model (fakeexec_test.go) on the memory.
 	numeric bool
 	decoded map[string][]float32
@@ -660,6 +660,18 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			f.span("x", c.ptr(0), rowsSpan(R, ldx, H)), f.span("norm", c.ptr(2), 4*int64(H)), f.span("router", c.ptr(5), 4*int64(E*H)),
 			f.span("logits", c.ptr(10), rowsSpan(R, ldl, E)), f.span("ids", c.ptr(12), 4*int64(R*k)), f.span("w", c.ptr(13), 4*int64(R*k)),
 			f.span("xb", c.ptr(14), rowsSpan(R, ldxb, H)), f.span("cnt", c.ptr(16), 4*int64(R)))
+	case strings.HasPrefix(name, "mv_moe_ff_"):
+		E, nslot, k, I, H, ldx, ldgu, ldy := c.int(2), c.int(4), c.int(5), c.int(6), c.int(7), c.int(9), c.int(11), c.int(13)
+		R := nslot / max(k, 1)
+		errs := []error{want(b.X == 512 && g == kern.MoEFFGrid(nslot, k, I, H, 132) && int(g.X) <= 132 && c.cfg.Shared == kern.MoEFFShared(nslot, k, I, H), "shape"),
+			want(k >= 1 && nslot%k == 0 && nslot <= 64 && ldx >= H && ldgu >= 2*I && ldy >= H && E >= 1, "sizes"),
+			f.span("gate|up table", c.ptr(0), 16*int64(E)), f.span("down table", c.ptr(1), 8*int64(E)), f.span("ids", c.ptr(3), 4*int64(nslot)),
+			f.span("x", c.ptr(8), rowsSpan(R, ldx, H)), f.span("gu", c.ptr(10), rowsSpan(nslot, ldgu, 2*I)),
+			f.span("y", c.ptr(12), rowsSpan(R, ldy, H)), f.span("w", c.ptr(14), 4*int64(nslot)), f.span("bar", c.ptr(17), 8)}
+		if c.ptr(15) != 0 {
+			errs = append(errs, f.span("shared", c.ptr(15), rowsSpan(R, ldy, H)), f.span("gate", c.ptr(16), 4*int64(R)))
+		}
+		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "mv_moe_dc_"):
 		E, nslot, k, rowsE, cols, ldx, xoff, pro, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(10), c.int(12)
 		R := nslot / max(k, 1)

@@ -231,3 +231,83 @@ func TestGPURopeQKNorm(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUMoEFF: mv_moe_ff_* (a decode step's expert FFN in one launch:
+// gate|up, a grid barrier, down and combine) against mv_moe_* (gate|up,
+// xmode 0) then mv_moe_dc_* on the same inputs, q8_row and q4tp, bitwise:
+// the gate|up rows and the residual; launched three times in a row (the
+// barrier's counters left as they were found) with the same result.
+// Shapes: top 8 of 8 experts of 384 × 1024 over one row (a full grid of
+// one block an SM), top 10 with a shared expert over 3 rows, 8 rows.
+func TestGPUMoEFF(t *testing.T) {
+	g := newGPU(t)
+	r := rng(59)
+	for _, dt := range []quant.DType{quant.Q4TP, quant.Q8Row} {
+		for _, c := range []struct {
+			E, k, R, H, I int
+			shared        bool
+		}{{8, 8, 1, 1024, 384, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
+			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
+			tgu, td := make([]byte, 16*E), make([]byte, 8*E)
+			enc := func(rows, cols int) kern.Ptr {
+				b, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return g.upload(b)
+			}
+			for e := range E {
+				binary.LittleEndian.PutUint64(tgu[8*e:], uint64(enc(I, H)))
+				binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(enc(I, H)))
+				binary.LittleEndian.PutUint64(td[8*e:], uint64(enc(H, I)))
+			}
+			ids := make([]int32, R*k)
+			for row := range R {
+				for j := range k {
+					ids[row*k+j] = int32((row*3 + j*5) % E)
+				}
+			}
+			wv := r.vec(R*k, 0.5)
+			for i := range wv {
+				wv[i] = float32(math.Abs(float64(wv[i])))
+			}
+			xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
+			ys, sg := r.vec(R*H, 1), r.vec(R, 1)
+			dtgu, dtd, dids, dw, dxb := g.upload(tgu), g.upload(td), g.i32(ids), g.f32(wv), g.f32(xb)
+			var dys, dsg kern.Ptr
+			if c.shared {
+				dys, dsg = g.f32(ys), g.f32(sg)
+			}
+			gu1, y1 := g.zeros(R*k*2*I), g.f32(y0)
+			g.run(func(l *kern.Launcher) error {
+				return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, 0, gu1, 2*I, kern.ProPlain),
+					l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
+						X: gu1, Ldx: 2 * I, Xoff: I, Y: y1, Ldy: H, W8: dw, YS: dys, G: dsg}))
+			})
+			wantGU, wantY := g.readF32(gu1, R*k*2*I), g.readF32(y1, R*H)
+			bar := g.zeros(2)
+			for rep := range 3 {
+				gu2, y2 := g.zeros(R*k*2*I), g.f32(y0)
+				g.run(func(l *kern.Launcher) error {
+					return l.MoEFF(dt, kern.MoEFFArgs{TGU: dtgu, TD: dtd, E: E, IDs: dids, NSlot: R * k, K: k, I: I, H: H, X: dxb, Ldx: H,
+						GU: gu2, Ldgu: 2 * I, Y: y2, Ldy: H, W8: dw, YS: dys, G: dsg, Bar: bar})
+				})
+				gotGU, gotY := g.readF32(gu2, R*k*2*I), g.readF32(y2, R*H)
+				for i := range wantGU {
+					if math.Float32bits(wantGU[i]) != math.Float32bits(gotGU[i]) {
+						t.Fatalf("%s E %d k %d R %d launch %d: gate|up[%d] %g, mv_moe %g", dt, E, k, R, rep, i, gotGU[i], wantGU[i])
+					}
+				}
+				for i := range wantY {
+					if math.Float32bits(wantY[i]) != math.Float32bits(gotY[i]) {
+						t.Fatalf("%s E %d k %d R %d launch %d: y[%d] %g, mv_moe + mv_moe_dc %g", dt, E, k, R, rep, i, gotY[i], wantY[i])
+					}
+				}
+				if b := g.readI32(bar, 2); b[0] != 0 || b[1] != int32(rep+1) {
+					t.Fatalf("%s launch %d: barrier counters %v, want [0 %d]", dt, rep, b, rep+1)
+				}
+			}
+			t.Logf("%s FFN %d×%d top %d of %d, %d rows, shared %v: bitwise mv_moe + mv_moe_dc, 3 launches", dt, I, H, k, E, R, c.shared)
+		}
+	}
+}

@@ -1387,6 +1387,77 @@ func (l *Launcher) MoEDownCombine(d quant.DType, m MoEDownCombineArgs) error {
 	return l.run(moeDownCombineCalls(d, m, l.M.SMs))
 }
 
+// MoEFFArgs are mv_moe_ff_*'s operands: a decode step's expert FFN in one
+// launch. TGU is the gate|up table ([gate E | up E], I×H each), TD the
+// down table (H×I), IDs/W8 the routing of NSlot = R·K slots, X the
+// normalised rows (Ldx apart), GU the slots' gate|up scratch (Ldgu ≥ 2·I
+// apart), Y the residual rows (Ldy apart) added to, YS/G the shared
+// expert's output rows (Ldy apart) and gate logits (0: none), Bar two
+// zeroed uints of the grid barrier (kept zero between launches).
+type MoEFFArgs struct {
+	TGU, TD        Ptr
+	E              int
+	IDs            Ptr
+	NSlot, K, I, H int
+	X              Ptr
+	Ldx            int
+	GU             Ptr
+	Ldgu           int
+	Y              Ptr
+	Ldy            int
+	W8, YS, G, Bar Ptr
+}
+
+// Check reports operands mv_moe_ff_* over experts stored as d does not
+// take: those of its two phases (MoEMatvec's and MoEDownCombine's).
+func (m MoEFFArgs) Check(d quant.DType) error {
+	dc := MoEDownCombineArgs{Table: m.TD, E: m.E, IDs: m.IDs, NSlot: m.NSlot, K: m.K, Rows: m.H, Cols: m.I, X: m.GU, Ldx: m.Ldgu, Xoff: m.I,
+		Y: m.Y, Ldy: m.Ldy, W8: m.W8, YS: m.YS, G: m.G}
+	if err := dc.Check(d); err != nil {
+		return err
+	}
+	if (d == quant.Q4TP && m.H%32 != 0) || m.Ldx < m.H || m.Ldgu < 2*m.I || m.Bar == 0 {
+		return fmt.Errorf("kern: expert FFN %s of %d×%d over rows %d apart, gate|up %d apart", d, m.I, m.H, m.Ldx, m.Ldgu)
+	}
+	return nil
+}
+
+// Pack appends mv_moe_ff_*'s parameters to a.
+func (m MoEFFArgs) Pack(a *driver.Args) *driver.Args {
+	return a.Ptr(m.TGU).Ptr(m.TD).Int(m.E).Ptr(m.IDs).Int(m.NSlot).Int(m.K).Int(m.I).Int(m.H).Ptr(m.X).Int(m.Ldx).Ptr(m.GU).
+		Int(m.Ldgu).Ptr(m.Y).Int(m.Ldy).Ptr(m.W8).Ptr(m.YS).Ptr(m.G).Ptr(m.Bar)
+}
+
+// MoEFFGrid is mv_moe_ff_*'s grid: one block a multiprocessor at most (the
+// grid barrier needs every block resident), as many as either phase uses.
+func MoEFFGrid(nslot, k, I, H, sms int) driver.Dim3 {
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	a, b := MoEMatvecGrid(nslot, 2, I, sms).X, MoEDownCombineGrid(nslot/max(k, 1), H, sms).X
+	return driver.D1(min(max(int(a), int(b)), sms))
+}
+
+// MoEFFShared is mv_moe_ff_*'s dynamic shared memory: the larger of its
+// phases' quantized activations (nslot/k rows of H, nslot rows of I).
+func MoEFFShared(nslot, k, I, H int) int {
+	return max(MatvecShared(H, nslot/max(k, 1)), MatvecShared(I, nslot))
+}
+
+func moeFFCalls(d quant.DType, m MoEFFArgs, sms int) ([]call, error) {
+	if err := m.Check(d); err != nil {
+		return nil, err
+	}
+	return one("mv_moe_ff_"+MoEExpertFamily(d), MoEFFGrid(m.NSlot, m.K, m.I, m.H, sms), driver.D1(512), MoEFFShared(m.NSlot, m.K, m.I, m.H),
+		m.Pack(new(driver.Args))), nil
+}
+
+// MoEFF queues mv_moe_ff_*: MoEMatvec's gate|up products (xmode 0,
+// ProPlain) then MoEDownCombine in one launch, bitwise the same.
+func (l *Launcher) MoEFF(d quant.DType, m MoEFFArgs) error {
+	return l.run(moeFFCalls(d, m, l.M.SMs))
+}
+
 func moeCombineCalls(x Ptr, ldx int, y Ptr, ldy int, w Ptr, k int, ys, g Ptr, n, R int, inv Ptr) []call {
 	a := new(driver.Args).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(w).Int(k).Ptr(ys).Ptr(g).Int(n).Ptr(inv)
 	return one("moe_combine", driver.D2((n+255)/256, R), driver.D1(256), 0, a)

@@ -90,6 +90,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		SGW: 32, SG: 9}))
 	for _, d := range []quant.DType{quant.Q4TP, quant.Q8Row} {
 		add(moeDownCombineCalls(d, MoEDownCombineArgs{Table: 1, E: 8, IDs: 2, NSlot: 4, K: 2, Rows: 64, Cols: 32, X: 3, Ldx: 64, Xoff: 32, Y: 4, Ldy: 64, W8: 5}, 132))
+		add(moeFFCalls(d, MoEFFArgs{TGU: 1, TD: 2, E: 8, IDs: 3, NSlot: 4, K: 2, I: 32, H: 64, X: 4, Ldx: 64, GU: 5, Ldgu: 64, Y: 6, Ldy: 64, W8: 7, Bar: 8}, 132))
 	}
 	add(moeSortCalls(1, 48, 8, 2, 3, 4, MoETiles(48, 8)), nil)
 	add(moeGatherCalls(1, 2, 64, 2, 3, 4, 5, 6, MoETiles(48, 8)), nil)

@@ -311,10 +311,18 @@ GEMMQ_MOE(q4tp, GemmQQ4TP)
   const uint8_t* const* __restrict__ table, int E, int nmat, const int* __restrict__ ids, int nslot, int k,      \
       int rowsE, int cols, const float* __restrict__ x, int ldx, int xoff, int xmode, float* __restrict__ y, int ldy, \
       int pro, const float* __restrict__ nw, float eps
+#define MOE_ARGS table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps
 
 // The prologue over a runtime number of rows (at most 64): mq_prologue's
 // arithmetic.
-template <bool PERM>
+// CG: x read through L2 only (written by other blocks of the same launch
+// before a grid barrier: no stale L1 line).
+template <bool CG>
+__device__ __forceinline__ float moe_ldx(const float* p) { return CG ? __ldcg(p) : *p; }
+template <bool CG>
+__device__ __forceinline__ float4 moe_ldx4(const float* p) { return CG ? __ldcg((const float4*)p) : *(const float4*)p; }
+
+template <bool PERM, bool CG = false>
 __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ldx, int xoff, int cols, int nb, int ps, int nx,
                                              int pro, const float* __restrict__ nw, float eps, int8_t* xq, int2* xds) {
   __shared__ double red[32];
@@ -325,7 +333,7 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
     for (int r = 0; r < nx; r++) {
       const float* xr = x + (size_t)r * ldx;
       double ss = 0.0;
-      for (int i = tid; i < cols; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+      for (int i = tid; i < cols; i += blockDim.x) ss += (double)moe_ldx<CG>(xr + i) * (double)moe_ldx<CG>(xr + i);
       ss = block_sum_d(ss, red);
       if (tid == 0) inv[r] = rms_inv(ss, cols, eps);
     }
@@ -348,10 +356,10 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
       if (qd >= nq) continue;
       const float* xr = x + (size_t)r * ldx;
       if (vec && i + 4 <= cols) {
-        const float4 t = *(const float4*)(xr + i);
+        const float4 t = moe_ldx4<CG>(xr + i);
         const float e[4] = {t.x, t.y, t.z, t.w};
         if (pro == MQ_SILU) {
-          const float4 w4 = *(const float4*)(xr + xoff + i);
+          const float4 w4 = moe_ldx4<CG>(xr + xoff + i);
           const float up[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
           for (int j = 0; j < 4; j++) v[u][j] = e[j] / (1.0f + expf(-e[j])) * up[j];
@@ -368,8 +376,8 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
 #pragma unroll
         for (int j = 0; j < 4; j++) {
           if (i + j >= cols) continue;
-          float e = xr[i + j];
-          if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * xr[xoff + i + j];
+          float e = moe_ldx<CG>(xr + i + j);
+          if (pro == MQ_SILU) e = e / (1.0f + expf(-e)) * moe_ldx<CG>(xr + xoff + i + j);
           else if (norm) e = rms_apply(e, inv[r], nw[i + j], pro == MQ_NORM1);
           v[u][j] = e;
         }
@@ -491,25 +499,28 @@ __device__ __forceinline__ void moe_dots(const uint8_t* const (&Wr)[U], const in
   }
 }
 
+// mv_moe's phases: the L2 prefetch of a warp's rows (lane t: row t %
+// MOE_RPW of its sweep t / MOE_RPW), then the prologue and the products.
 template <bool Q4>
-__device__ __forceinline__ void mv_moe(MOE_PARAMS) {
-  extern __shared__ __align__(16) uint8_t mq_smem[];
+__device__ __forceinline__ void moe_gu_prefetch(const uint8_t* const* __restrict__ table, int E, int nmat,
+                                                const int* __restrict__ ids, int nslot, int rowsE, int cols) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int per = nmat * rowsE, N = nslot * per;
+  const int v = (blockIdx.x * nwarps + warp) * MOE_RPW + (lane / MOE_RPW) * gridDim.x * nwarps * MOE_RPW + lane % MOE_RPW;
+  if (v < N) {
+    const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+    if (e >= 0) moe_prefetch<Q4>(table[(size_t)m * E + e], o, rowsE, cols);
+  }
+}
+
+template <bool Q4, bool CG = false>
+__device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int nb = (cols + 31) / 32, ps = mq_plane(nb), per = nmat * rowsE, N = nslot * per;
   const int nx = xmode ? nslot : nslot / k;
-  int8_t* xq = (int8_t*)mq_smem;
-  int2* xds = (int2*)(mq_smem + (size_t)nx * 2 * ps);
-  pdl_trigger();
-  pdl_wait();  // ids come from moe_route
-  {
-    // Lane t prefetches the warp's row t % MOE_RPW of its sweep t / MOE_RPW.
-    const int v = (blockIdx.x * nwarps + warp) * MOE_RPW + (lane / MOE_RPW) * gridDim.x * nwarps * MOE_RPW + lane % MOE_RPW;
-    if (v < N) {
-      const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
-      if (e >= 0) moe_prefetch<Q4>(table[(size_t)m * E + e], o, rowsE, cols);
-    }
-  }
-  moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
+  int8_t* xq = (int8_t*)smem;
+  int2* xds = (int2*)(smem + (size_t)nx * 2 * ps);
+  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
   for (int v0 = (blockIdx.x * nwarps + warp) * MOE_RPW; v0 < N; v0 += gridDim.x * nwarps * MOE_RPW) {  // warp-uniform
     const uint8_t* Wr[MOE_RPW];
     int xr[MOE_RPW], orow[MOE_RPW];
@@ -533,6 +544,15 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   }
 }
 
+template <bool Q4>
+__device__ __forceinline__ void mv_moe(MOE_PARAMS) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  pdl_trigger();
+  pdl_wait();  // ids come from moe_route
+  moe_gu_prefetch<Q4>(table, E, nmat, ids, nslot, rowsE, cols);
+  moe_gu_body<Q4>(MOE_ARGS, mq_smem);
+}
+
 // mv_moe_dc_{q4tp,q8row}: the down products and the combine in one launch
 // (decode steps): y[r][o] += Σ_j w[r·k+j]·D_{ids[r·k+j]}[o]·x'[r·k+j] (+
 // σ(g[r])·ys[r·ldy+o] with a shared expert), the slots in order, each
@@ -543,28 +563,32 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
 // xoff, pro, y, ldy, w, ys, g). Launch: block 512, grid
 // kern.MoEDownCombineGrid, dynamic shared memory MatvecShared(cols, nslot).
 #define MOE_DC 8
+#define MOE_DC_PARAMS                                                                                                 \
+  const uint8_t* const* __restrict__ table, int E, const int* __restrict__ ids, int nslot, int k, int rowsE, int cols, \
+      const float* __restrict__ x, int ldx, int xoff, int pro, float* __restrict__ y, int ldy,                       \
+      const float* __restrict__ w, const float* __restrict__ ys, const float* __restrict__ g
+#define MOE_DC_ARGS table, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g
+
+// mv_moe_dc's phases: the L2 prefetch (lane t: slot t % k of the warp's
+// output t / k, its first 32 / k outputs), then the prologue and the sums.
 template <bool Q4>
-__device__ __forceinline__ void mv_moe_dc(const uint8_t* const* __restrict__ table, int E, const int* __restrict__ ids, int nslot,
-                                          int k, int rowsE, int cols, const float* __restrict__ x, int ldx, int xoff, int pro,
-                                          float* __restrict__ y, int ldy, const float* __restrict__ w,
-                                          const float* __restrict__ ys, const float* __restrict__ g) {
-  extern __shared__ __align__(16) uint8_t mq_smem[];
+__device__ __forceinline__ void moe_dc_prefetch(const uint8_t* const* __restrict__ table, const int* __restrict__ ids, int nslot,
+                                                int k, int rowsE, int cols) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, N = nslot / k * rowsE;
+  const int v = blockIdx.x * nwarps + warp + (lane / k) * gridDim.x * nwarps, j = lane % k;
+  if (v < N && lane / k < 32 / k) {
+    const int r = v / rowsE, o = v - r * rowsE, e = ids[r * k + j];
+    if (e >= 0) moe_prefetch<Q4>(table[e], o, rowsE, cols);
+  }
+}
+
+template <bool Q4, bool CG = false>
+__device__ __forceinline__ void moe_dc_body(MOE_DC_PARAMS, uint8_t* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int nb = (cols + 31) / 32, ps = mq_plane(nb), R = nslot / k, N = R * rowsE;
-  int8_t* xq = (int8_t*)mq_smem;
-  int2* xds = (int2*)(mq_smem + (size_t)nslot * 2 * ps);
-  pdl_trigger();
-  pdl_wait();  // the gate|up products and the routing come from earlier launches
-  {
-    // Lane t prefetches slot t % k of the warp's output t / k (its first
-    // 32 / k outputs).
-    const int v = blockIdx.x * nwarps + warp + (lane / k) * gridDim.x * nwarps, j = lane % k;
-    if (v < N && lane / k < 32 / k) {
-      const int r = v / rowsE, o = v - r * rowsE, e = ids[r * k + j];
-      if (e >= 0) moe_prefetch<Q4>(table[e], o, rowsE, cols);
-    }
-  }
-  moe_prologue<Q4>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
+  int8_t* xq = (int8_t*)smem;
+  int2* xds = (int2*)(smem + (size_t)nslot * 2 * ps);
+  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
   for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
     const int r = v / rowsE, o = v - r * rowsE;
     float acc = y[(size_t)r * ldy + o];
@@ -591,13 +615,71 @@ __device__ __forceinline__ void mv_moe_dc(const uint8_t* const* __restrict__ tab
   }
 }
 
-#define MOE_DC_PARAMS                                                                                                 \
-  const uint8_t* const* __restrict__ table, int E, const int* __restrict__ ids, int nslot, int k, int rowsE, int cols, \
-      const float* __restrict__ x, int ldx, int xoff, int pro, float* __restrict__ y, int ldy,                       \
-      const float* __restrict__ w, const float* __restrict__ ys, const float* __restrict__ g
-#define MOE_DC_ARGS table, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g
+template <bool Q4>
+__device__ __forceinline__ void mv_moe_dc(MOE_DC_PARAMS) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  pdl_trigger();
+  pdl_wait();  // the gate|up products and the routing come from earlier launches
+  moe_dc_prefetch<Q4>(table, ids, nslot, k, rowsE, cols);
+  moe_dc_body<Q4>(MOE_DC_ARGS, mq_smem);
+}
+
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q4tp(MOE_DC_PARAMS) { mv_moe_dc<true>(MOE_DC_ARGS); }
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q8row(MOE_DC_PARAMS) { mv_moe_dc<false>(MOE_DC_ARGS); }
+
+// grid_barrier: every block of the launch waits here until all have
+// arrived; the blocks must all be resident at once (grid ≤
+// multiprocessors, one block each). bar[0] counts the arrivals (back to
+// 0 by the last), bar[1] is the generation the last one advances (both
+// zero before the first launch; any count of launches after).
+__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = bar + 1;
+    const unsigned g0 = *gen;
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (*gen == g0) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// mv_moe_ff_{q4tp,q8row}: a decode step's expert FFN in one launch:
+// mv_moe_*'s gate|up products of every slot (into gu, ldgu apart: gate at
+// 0, up at I; over x with no prologue), a grid barrier, then mv_moe_dc_*'s
+// down products and combine over gu (read through L2) into y. Both
+// phases' weight rows are prefetched into L2 first, so the down rows'
+// latency passes under the gate|up phase. Bitwise mv_moe_* then
+// mv_moe_dc_*. Params (tgu, td, E, ids, nslot, k, I, H, x, ldx, gu, ldgu,
+// y, ldy, w, ys, g, bar): tgu the gate|up table [gate E | up E], td the
+// down table. Launch: grid ≤ multiprocessors (kern.MoEFFGrid: every block
+// resident, one an SM), block 512, dynamic shared memory
+// kern.MoEFFShared; bar two zeroed uints.
+#define MOE_FF_PARAMS                                                                                                \
+  const uint8_t* const* __restrict__ tgu, const uint8_t* const* __restrict__ td, int E, const int* __restrict__ ids, \
+      int nslot, int k, int I, int H, const float* __restrict__ x, int ldx, float* __restrict__ gu, int ldgu,        \
+      float* __restrict__ y, int ldy, const float* __restrict__ w, const float* __restrict__ ys,                    \
+      const float* __restrict__ g, unsigned* __restrict__ bar
+template <bool Q4>
+__device__ __forceinline__ void mv_moe_ff(MOE_FF_PARAMS) {
+  extern __shared__ __align__(16) uint8_t mq_smem[];
+  pdl_trigger();
+  pdl_wait();  // the routing and x come from moe_router_f32
+  moe_gu_prefetch<Q4>(tgu, E, 2, ids, nslot, I, H);
+  moe_dc_prefetch<Q4>(td, ids, nslot, k, H, I);
+  moe_gu_body<Q4>(tgu, E, 2, ids, nslot, k, I, H, x, ldx, 0, 0, gu, ldgu, MQ_PLAIN, nullptr, 0.0f, mq_smem);
+  grid_barrier(bar);
+  moe_dc_body<Q4, true>(td, E, ids, nslot, k, H, I, gu, ldgu, I, MQ_SILU, y, ldy, w, ys, g, mq_smem);
+}
+#define MOE_FF_ARGS tgu, td, E, ids, nslot, k, I, H, x, ldx, gu, ldgu, y, ldy, w, ys, g, bar
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_ff_q4tp(MOE_FF_PARAMS) { mv_moe_ff<true>(MOE_FF_ARGS); }
+extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_ff_q8row(MOE_FF_PARAMS) { mv_moe_ff<false>(MOE_FF_ARGS); }
 
 // mv_moe_{f32,f16,bf16}: the same products over float experts (the
 // exact path of the f32 reference models): no quantization, a warp a row,
@@ -641,7 +723,6 @@ __device__ __forceinline__ void mv_moe_float(MOE_PARAMS) {
   }
 }
 
-#define MOE_ARGS table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps
 extern "C" __global__ void __launch_bounds__(512) mv_moe_f32(MOE_PARAMS) { mv_moe_float<FmtF32>(MOE_ARGS); }
 extern "C" __global__ void __launch_bounds__(512) mv_moe_f16(MOE_PARAMS) { mv_moe_float<FmtF16>(MOE_ARGS); }
 extern "C" __global__ void __launch_bounds__(512) mv_moe_bf16(MOE_PARAMS) { mv_moe_float<FmtBF16>(MOE_ARGS); }
