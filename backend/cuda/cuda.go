@@ -75,9 +75,11 @@ type Options struct {
 	// (separate rmsnorm and silu_mul launches): the parity tests compare
 	// both.
 	NoFusion bool
-	// NoMoEFF runs a fused decode step's experts as two launches (mv_moe_*
-	// gate|up, mv_moe_dc_* down and combine) instead of mv_moe_ff_*'s one.
-	NoMoEFF bool
+	// MoEFF runs a fused decode step's experts as one launch, mv_moe_ff_*
+	// (gate|up, a grid barrier, down and combine), instead of two (mv_moe_*
+	// gate|up, mv_moe_dc_* down and combine). Off by default: on the H200
+	// the one launch's step was 2–3% slower (docs/benchmarks.md, stop 25).
+	MoEFF bool
 	// CheckEveryStep packs every decode step to compare it with its graph
 	// before replaying it, even when the step and its shape are the last
 	// checked replay's (Batch.Step; for comparisons and tests).

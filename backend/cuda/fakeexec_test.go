@@ -1261,9 +1261,8 @@ func moeVariantsOnFake(t *testing.T, graphs bool, label string, alt Options, kee
 
 // TestMoEFusedOnFake: the parity suite's mixture-of-experts cases with
 // quantized experts run their decode steps' MoE blocks fused
-// (moe_router_f32 for the norm, router and routing; mv_moe_ff_* for the
-// experts' gate|up, down products and combine: no moe_route, moe_combine
-// or mv_moe_dc_* in a step of
+// (moe_router_f32 for the norm, router and routing; mv_moe_dc_* for the
+// down products and the combine: no moe_route or moe_combine in a step of
 // at most 8 rows; the shared expert's gate|up stacked and its SwiGLU in the
 // down matvec's prologue: no silu_mul) and give the logits of Options.NoFusion (the general
 // launches, none of the fused kernels) to rounding and the CPU's to 1e-5.
@@ -1285,13 +1284,13 @@ func TestMoEFusedOnFake(t *testing.T) {
 					}
 				case strings.HasPrefix(call.name, "mv_f32_r") && small:
 					t.Errorf("%s / %s: %s beside moe_router_f32 (the shared gate is the router's)", k.Name, name, call.name)
-				case strings.HasPrefix(call.name, "mv_moe_ff_"):
+				case strings.HasPrefix(call.name, "mv_moe_dc_"):
 					fused++
-					if call.ptr(15) != 0 {
+					if call.ptr(14) != 0 {
 						shared++
 					}
-				case strings.HasPrefix(call.name, "mv_moe_dc_"):
-					t.Errorf("%s / %s: mv_moe_dc_* ran beside mv_moe_ff_* (the expert FFN is one launch)", k.Name, name)
+				case strings.HasPrefix(call.name, "mv_moe_ff_"):
+					t.Errorf("%s / %s: mv_moe_ff_* ran without Options.MoEFF", k.Name, name)
 				case call.name == "moe_combine" && call.ptr(9) == 0:
 					t.Errorf("%s / %s: an ungrouped moe_combine ran beside the fused kernels", k.Name, name)
 				case call.name == "silu_mul" && small:
@@ -1311,36 +1310,40 @@ func TestMoEFusedOnFake(t *testing.T) {
 		if fused == 0 || shared == 0 {
 			t.Fatalf("graphs %v: %d fused down+combine launches, %d with a shared expert", graphs, fused, shared)
 		}
-		t.Logf("graphs %v: %d fused expert FFN launches (%d with a shared expert)", graphs, fused, shared)
+		t.Logf("graphs %v: %d fused down+combine launches (%d with a shared expert)", graphs, fused, shared)
 	}
 }
 
-// TestMoEFFOnFake: the fused decode path with Options.NoMoEFF (mv_moe_*
-// gate|up, then mv_moe_dc_* down and combine: two launches) gives the
-// logits of the one-launch mv_moe_ff_* to rounding; mv_moe_ff_* never
-// runs with it.
+// TestMoEFFOnFake: the fused decode path with Options.MoEFF (the one
+// launch mv_moe_ff_*: gate|up, a grid barrier, down and combine) gives the
+// logits of the default two launches (mv_moe_* gate|up, then mv_moe_dc_*)
+// to rounding, with no mv_moe_dc_* beside it in steps of at most 8 rows;
+// mv_moe_ff_* never runs by default.
 func TestMoEFFOnFake(t *testing.T) {
 	quantized := func(k backendtest.Case) bool {
 		return k.Op == "moe" && (k.DType == quant.Q8Row || k.DType == quant.Q4TP)
 	}
 	ff, dc := 0, 0
-	moeVariantsOnFake(t, true, "NoMoEFF", Options{NoMoEFF: true}, quantized, func(k backendtest.Case, name string, calls, alt []fakeCall) {
+	moeVariantsOnFake(t, true, "MoEFF", Options{MoEFF: true}, quantized, func(k backendtest.Case, name string, calls, alt []fakeCall) {
 		for _, call := range calls {
-			if strings.HasPrefix(call.name, "mv_moe_ff_") {
-				ff++
+			switch {
+			case strings.HasPrefix(call.name, "mv_moe_ff_"):
+				t.Fatalf("%s / %s: mv_moe_ff_* ran without MoEFF", k.Name, name)
+			case strings.HasPrefix(call.name, "mv_moe_dc_"):
+				dc++
 			}
 		}
 		for _, call := range alt {
 			switch {
 			case strings.HasPrefix(call.name, "mv_moe_ff_"):
-				t.Fatalf("%s / %s: mv_moe_ff_* ran with NoMoEFF", k.Name, name)
+				ff++
 			case strings.HasPrefix(call.name, "mv_moe_dc_"):
-				dc++
+				t.Errorf("%s / %s: mv_moe_dc_* beside mv_moe_ff_* with MoEFF", k.Name, name)
 			}
 		}
 	})
 	if ff == 0 || dc == 0 {
-		t.Fatalf("%d mv_moe_ff_* launches, %d mv_moe_dc_* with NoMoEFF", ff, dc)
+		t.Fatalf("%d mv_moe_ff_* launches with MoEFF, %d mv_moe_dc_* without", ff, dc)
 	}
 }
 

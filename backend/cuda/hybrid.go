@@ -216,15 +216,15 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 // over the selected expert (mv_moe_*: gate and up in one launch, then
 // down into yd), in chunks of moeMaxSlots slots. With comb (fused decode
 // steps) the down launch is mv_moe_dc_*: the down products summed by their
-// weights (and the gated shared expert) straight into the residual; and
-// unless Options.NoMoEFF both are one launch, mv_moe_ff_* (a grid barrier
-// between the phases, the down rows prefetched under the gate|up phase).
+// weights (and the gated shared expert) straight into the residual; with
+// Options.MoEFF both are one launch, mv_moe_ff_* (a grid barrier between
+// the phases, the down rows prefetched under the gate|up phase).
 func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu, yd driver.DevicePtr, R, H, I, E, k int, comb *moeComb) {
 	chunk := max(1, moeMaxSlots/k)
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
-		if comb == nil || st.d.opt.NoMoEFF {
+		if comb == nil || !st.d.opt.MoEFF {
 			st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
 				gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
 		}
@@ -233,7 +233,7 @@ func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu,
 				yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
 			continue
 		}
-		if !st.d.opt.NoMoEFF {
+		if st.d.opt.MoEFF {
 			// The whole expert FFN in one launch (a grid barrier between
 			// gate|up and down).
 			ff := kern.MoEFFArgs{TGU: tabs[0], TD: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, I: I, H: H,

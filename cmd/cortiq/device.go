@@ -59,7 +59,7 @@ var openCUDA = func(index int, sz deviceSize) (backend.Device, error) {
 	opt := cuda.Options{Ordinal: index, Seqs: max(sz.seqs, 1), Ctx: max(sz.ctx, 1), MaxRows: sz.rows, Graphs: true, PDL: os.Getenv("CORTIQ_CUDA_PDL") != "0",
 		NoMMQ: !mmqFromEnv(), F16Wide: os.Getenv("CORTIQ_CUDA_MMQ") != "int8", KVF16: os.Getenv("CORTIQ_CUDA_KV") != "f32",
 		NoFusion: os.Getenv("CORTIQ_CUDA_FUSION") == "0", CheckEveryStep: os.Getenv("CORTIQ_CUDA_CHECK") == "every",
-		NoMoEFF: os.Getenv("CORTIQ_CUDA_MOEFF") == "0", Progress: progress.Bytes(os.Stderr, "uploading weights")}
+		MoEFF: os.Getenv("CORTIQ_CUDA_MOEFF") == "1", Progress: progress.Bytes(os.Stderr, "uploading weights")}
 	if os.Getenv("CORTIQ_CUDA_PROFILE") != "" {
 		// Per-kernel times of every step (eager, no graphs), printed at close.
 		opt.Profile = os.Stderr
