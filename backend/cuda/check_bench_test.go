@@ -33,31 +33,45 @@ func deepShape(tb testing.TB, shape string) cmf.Arch {
 	return a
 }
 
-// decodeOnFake loads a 48-layer tiny model of shape on the fake device
-// (graphs on), prefills a prompt and returns a function running one
-// greedy decode step (a replayed graph after the first).
-func decodeOnFake(tb testing.TB, shape string, opt Options) (step func(), d *Device) {
+// synthFile writes a model of arch with random weights in dt (seed) and
+// returns its path.
+func synthFile(tb testing.TB, arch cmf.Arch, dt quant.DType, seed uint64) string {
 	path := filepath.Join(tb.TempDir(), "m.cmf")
-	if _, err := synth.Write(context.Background(), path, deepShape(tb, shape), quant.Q4TP, synth.Options{Seed: 1}); err != nil {
+	if _, err := synth.Write(context.Background(), path, arch, dt, synth.Options{Seed: seed}); err != nil {
 		tb.Fatal(err)
 	}
+	return path
+}
+
+// loadOnFake loads the model at path on d (closed with the test) and
+// returns it with a cache of ctx positions.
+func loadOnFake(tb testing.TB, d *Device, path string, ctx int) (*model.Model, *model.Cache) {
 	cm, err := cmf.Open(path)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { cm.Close() })
-	f := newFake(tb, 1)
-	opt.Seqs, opt.Ctx, opt.MaxRows, opt.Graphs = 1, 4096, 16, true
-	d = fakeOpen(f, opt)
 	m, err := model.Load(cm, model.LoadOptions{Device: d, Batch: 8})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c, err := m.NewCache(4096)
+	c, err := m.NewCache(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { c.Close() })
+	return m, c
+}
+
+// decodeOnFake loads a 48-layer tiny model of shape on the fake device
+// (graphs on), prefills a prompt and returns a function running one
+// decode step (a replayed graph after the first).
+func decodeOnFake(tb testing.TB, shape string, opt Options) (step func(), d *Device) {
+	path := synthFile(tb, deepShape(tb, shape), quant.Q4TP, 1)
+	f := newFake(tb, 1)
+	opt.Seqs, opt.Ctx, opt.MaxRows, opt.Graphs = 1, 4096, 16, true
+	d = fakeOpen(f, opt)
+	m, c := loadOnFake(tb, d, path, 4096)
 	if _, err := m.Forward(c, []int{1, 2, 3}, 0, model.LastLogits); err != nil {
 		tb.Fatal(err)
 	}

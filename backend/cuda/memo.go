@@ -16,7 +16,8 @@ import (
 // nothing on the device has changed since (Device.gen: weights, sequences,
 // scratch buffers) it is replayed without packing it again: the host's
 // check cost a decode step 0.24 ms of 3.7 on Qwen3-30B-A3B and 0.88 of 6.0
-// on Qwen3-Next (cortiq bench's host line, H200).
+// on Qwen3-Next (cortiq bench's host line, H200, stop 25 run 1; 13 and 27 µs
+// with the memo, run 2: docs/benchmarks.md).
 type replayMemo struct {
 	ok       bool
 	key      graphKey

@@ -1,14 +1,11 @@
 package cuda
 
 import (
-	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend"
-	"github.com/cortiq/cortiq/cmf"
 	"github.com/cortiq/cortiq/model"
 	"github.com/cortiq/cortiq/quant"
 	"github.com/cortiq/cortiq/synth"
@@ -93,34 +90,18 @@ func TestReplayMemo(t *testing.T) {
 func TestReplayMemoTwoModels(t *testing.T) {
 	paths := make([]string, 2)
 	for i := range paths {
-		paths[i] = filepath.Join(t.TempDir(), "m.cmf")
 		a, err := synth.Arch("tiny_qwen3_moe", "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := synth.Write(context.Background(), paths[i], a, quant.Q8Row, synth.Options{Seed: uint64(i + 1)}); err != nil {
-			t.Fatal(err)
-		}
+		paths[i] = synthFile(t, a, quant.Q8Row, uint64(i+1))
 	}
 	type run struct {
 		m *model.Model
 		c *model.Cache
 	}
 	open := func(d *Device, path string) run {
-		cm, err := cmf.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cm.Close() })
-		m, err := model.Load(cm, model.LoadOptions{Device: d, Batch: 8})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := m.NewCache(64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
+		m, c := loadOnFake(t, d, path, 64)
 		return run{m, c}
 	}
 	device := func(every bool) *Device {

@@ -140,22 +140,9 @@ func TestGPUMoEDownCombine(t *testing.T) {
 			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
 			td := make([]byte, 8*E)
 			for e := range E {
-				db, err := quant.Encode(dt, r.vec(H*I, 0.05), []int{H, I}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				binary.LittleEndian.PutUint64(td[8*e:], uint64(g.upload(db)))
+				binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(&r, dt, H, I)))
 			}
-			ids := make([]int32, R*k)
-			for row := range R {
-				for j := range k {
-					ids[row*k+j] = int32((row*7 + j*5) % E) // distinct within a row
-				}
-			}
-			wv := r.vec(R*k, 0.5)
-			for i := range wv {
-				wv[i] = float32(math.Abs(float64(wv[i])))
-			}
+			ids, wv := moeRouting(&r, R, k, E, 7)
 			x0, gu := r.vec(R*H, 1), r.vec(R*k*2*I, 1)
 			ys, sg := r.vec(R*H, 1), r.vec(R, 1)
 			dtd, dids, dw, dgu := g.upload(td), g.i32(ids), g.f32(wv), g.f32(gu)
@@ -249,28 +236,12 @@ func TestGPUMoEFF(t *testing.T) {
 		}{{8, 8, 1, 1024, 384, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
 			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
 			tgu, td := make([]byte, 16*E), make([]byte, 8*E)
-			enc := func(rows, cols int) kern.Ptr {
-				b, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return g.upload(b)
-			}
 			for e := range E {
-				binary.LittleEndian.PutUint64(tgu[8*e:], uint64(enc(I, H)))
-				binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(enc(I, H)))
-				binary.LittleEndian.PutUint64(td[8*e:], uint64(enc(H, I)))
+				binary.LittleEndian.PutUint64(tgu[8*e:], uint64(g.randomMat(&r, dt, I, H)))
+				binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(g.randomMat(&r, dt, I, H)))
+				binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(&r, dt, H, I)))
 			}
-			ids := make([]int32, R*k)
-			for row := range R {
-				for j := range k {
-					ids[row*k+j] = int32((row*3 + j*5) % E)
-				}
-			}
-			wv := r.vec(R*k, 0.5)
-			for i := range wv {
-				wv[i] = float32(math.Abs(float64(wv[i])))
-			}
+			ids, wv := moeRouting(&r, R, k, E, 3)
 			xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
 			ys, sg := r.vec(R*H, 1), r.vec(R, 1)
 			dtgu, dtd, dids, dw, dxb := g.upload(tgu), g.upload(td), g.i32(ids), g.f32(wv), g.f32(xb)

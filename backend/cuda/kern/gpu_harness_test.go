@@ -9,6 +9,7 @@ import (
 
 	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/quant"
 )
 
 // gpu runs each device operation as its own Device.Do from the test
@@ -109,6 +110,33 @@ func (g *gpu) i32(v []int32) driver.DevicePtr {
 
 // zeros allocates n float32s of zeros.
 func (g *gpu) zeros(n int) driver.DevicePtr { return g.upload(make([]byte, 4*n)) }
+
+// randomMat uploads a rows×cols matrix of r's values (scale 0.05) encoded
+// as dt.
+func (g *gpu) randomMat(r *rng, dt quant.DType, rows, cols int) driver.DevicePtr {
+	g.t.Helper()
+	b, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return g.upload(b)
+}
+
+// moeRouting is R rows' routing to k of E experts, distinct within a row
+// (row·a + j·5 mod E), and positive weights from r.
+func moeRouting(r *rng, R, k, E, a int) ([]int32, []float32) {
+	ids := make([]int32, R*k)
+	for row := range R {
+		for j := range k {
+			ids[row*k+j] = int32((row*a + j*5) % E)
+		}
+	}
+	wv := r.vec(R*k, 0.5)
+	for i := range wv {
+		wv[i] = float32(math.Abs(float64(wv[i])))
+	}
+	return ids, wv
+}
 
 func (g *gpu) readBytes(p driver.DevicePtr, n int) []byte {
 	g.t.Helper()
