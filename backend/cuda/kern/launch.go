@@ -1271,9 +1271,10 @@ func (l *Launcher) MoEMatvec(d quant.DType, table Ptr, E, nmat int, ids Ptr, nsl
 const MoERouterRows = 4
 
 // MoERouterFits reports whether moe_router_f32 takes a router of E rows of
-// H float32 weights at w (H a multiple of 4, 16-byte aligned rows).
+// H float32 weights at w (H a multiple of 4, at most MoERouterMaxH,
+// 16-byte aligned rows).
 func MoERouterFits(E, H int, w Ptr) bool {
-	return E >= 1 && E <= MoEMaxExperts && H >= 4 && H%4 == 0 && w%16 == 0
+	return E >= 1 && E <= MoEMaxExperts && H >= 4 && H%4 == 0 && H <= MoERouterMaxH && w%16 == 0
 }
 
 // MoERouterArgs are moe_router_f32's operands for R rows of x (ldx apart)
@@ -1475,6 +1476,7 @@ const (
 	MoETile       = 32   // MOE_BM: sorted rows a tile, all of one expert
 	MoEMaxSlots   = 8192 // MOE_MAXSLOT: rows × top-k of one moe_sort
 	MoEMaxExperts = 1024 // MOE_MAXE
+	MoERouterMaxH = 8192 // MR_MAXH: moe_router_f32's widest row (its normalised copy in shared memory)
 )
 
 // MoETiles bounds the tiles of nslot (row, slot) pairs over E experts:

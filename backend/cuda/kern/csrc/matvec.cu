@@ -220,6 +220,13 @@ __device__ __forceinline__ void mq_quant4(const float v[4], int r, int b, int e0
   if (e0 == 0) xds[r * nb + b] = make_int2(__float_as_int(d), s);
 }
 
+// mq_norm_prefetch: the norm weight's lines into L1 before pdl_wait (it
+// does not depend on the previous launch; the prologue reads it).
+__device__ __forceinline__ void mq_norm_prefetch(int pro, const float* nw, int cols) {
+  if (pro != MQ_NORM && pro != MQ_NORM1) return;
+  for (int i = 32 * threadIdx.x; i < cols; i += 32 * blockDim.x) prefetch_l1(nw + i);
+}
+
 // mq_prologue fills xq/xds with the quantized x' of R rows (see above).
 // Every thread of the block takes part; it ends with __syncthreads.
 template <int R, bool PERM>
@@ -229,6 +236,39 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
   __shared__ float inv[8];
   const int tid = threadIdx.x;
   const bool norm = pro == MQ_NORM || pro == MQ_NORM1;
+  if (R == 1 && norm && cols % 32 == 0 && nb * 8 <= 4 * MQ_WARPS * 32 && aligned16(x) && aligned16(nw)) {
+    // One normalised row of at most four quads a thread: x and the norm
+    // weight loaded once (one round of loads), Σx² from those values.
+    const int nq1 = nb * 8;
+    float v[4][4];
+    float4 wv[4];
+    double ss = 0.0;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int qd = u * MQ_WARPS * 32 + tid;
+      float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w4 = t;
+      if (qd < nq1) t = ((const float4*)x)[qd], w4 = ((const float4*)nw)[qd];
+      v[u][0] = t.x, v[u][1] = t.y, v[u][2] = t.z, v[u][3] = t.w;
+      wv[u] = w4;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) ss += (double)v[u][j] * (double)v[u][j];
+    ss = block_sum_d(ss, red);
+    const float iv = rms_inv(ss, cols, eps);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      if (u * MQ_WARPS * 32 >= nq1) break;  // block-uniform
+      const float w[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) v[u][j] = rms_apply(v[u][j], iv, w[j], pro == MQ_NORM1);
+      const int qd = u * MQ_WARPS * 32 + tid;
+      mq_quant4<PERM>(v[u], 0, qd >> 3, 4 * (qd & 7), nb, ps, xq, xds, qd < nq1);
+    }
+    __syncthreads();
+    return;
+  }
   if (norm) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -293,6 +333,120 @@ __device__ __forceinline__ void mq_prologue(const float* __restrict__ x, int ldx
     }
   }
   __syncthreads();
+}
+
+// q4tp rows by lane segments (the decode matvecs of narrow rows, where a
+// whole warp on a row of 24 or 64 groups spends more instructions on the
+// row's set-up and reduction than on its groups): a row of nb groups is
+// taken by L = q4s_lanes(nb) lanes, lane i of the segment on groups i,
+// i + L, ... (consecutive lanes on consecutive 16-byte groups: whole
+// 128-byte lines for L ≥ 8), Q4S_T groups a lane loaded at once; each
+// group's rung computed from its code, exp2f(a + code·b) as q4tp_rung
+// (bitwise the ladder's entry); the segment's sum by a shuffle tree over
+// its L lanes. x' is quantized in shared memory as mq_prologue leaves it
+// (row xr, PERM order). L depends on nb only, so every kernel that takes a
+// matrix's rows this way gets the same sums.
+#define Q4S_T 8
+__host__ __device__ __forceinline__ int q4s_lanes(int nb) { return nb <= 32 ? 4 : nb <= 64 ? 8 : nb <= 128 ? 16 : 32; }
+
+// One lane's loads of a row's groups t0 + i + L·t (t < Q4S_T): the
+// 16-byte quants and the 5-bit codes (zeros where !ok or past the row).
+struct Q4Seg {
+  uint4 w[Q4S_T];
+  int code[Q4S_T];
+};
+
+__device__ __forceinline__ int q4tp_code_g(const uint8_t* __restrict__ codes, int g) {
+  const int bit = 5 * g, cb = bit >> 3, sh = bit & 7;
+  uint32_t v = __ldg(codes + cb);
+  if (sh > 3) v |= (uint32_t)__ldg(codes + cb + 1) << 8;
+  return (int)((v >> sh) & 31u);
+}
+
+template <int L>
+__device__ __forceinline__ void q4s_load(Q4Seg& s, const uint8_t* __restrict__ W, int rows, int nb, int o, int t0, bool ok) {
+  const int li = threadIdx.x & (L - 1);
+  const int stride = (5 * nb + 7) / 8;
+  const uint8_t* q = W + (size_t)o * nb * 16;
+  const uint8_t* crow = W + (size_t)rows * nb * 16 + (size_t)rows * 4 + (size_t)o * stride;
+#pragma unroll
+  for (int t = 0; t < Q4S_T; t++) {
+    const int g = t0 + li + L * t;
+    const bool on = ok && g < nb;
+    s.w[t] = on ? __ldcs((const uint4*)(q + (size_t)g * 16)) : make_uint4(0, 0, 0, 0);
+    s.code[t] = on ? q4tp_code_g(crow, g) : 0;
+  }
+}
+
+// The row's ladder parameters (a, b) as one 32-bit load (0 where !ok).
+__device__ __forceinline__ uint32_t q4s_ab(const uint8_t* __restrict__ W, int rows, int nb, int o, bool ok) {
+  return ok ? __ldg((const unsigned*)(W + (size_t)rows * nb * 16 + 4 * (size_t)o)) : 0u;
+}
+
+// acc + this lane's groups of s against row xr of the quantized x'.
+template <int L>
+__device__ __forceinline__ float q4s_dot(const Q4Seg& s, uint32_t ab, int nb, int t0, int xr, int ps, const int8_t* xq,
+                                         const int2* xds, float acc) {
+  const int li = threadIdx.x & (L - 1);
+  const float a = f16_to_f32((uint16_t)(ab & 0xffff)), b = f16_to_f32((uint16_t)(ab >> 16));
+#pragma unroll
+  for (int t = 0; t < Q4S_T; t++) {
+    const int g = t0 + li + L * t;
+    if (g < nb) {
+      const float sc = exp2f(__fadd_rn(a, __fmul_rn((float)s.code[t], b)));
+      const uint32_t wv[4] = {s.w[t].x, s.w[t].y, s.w[t].z, s.w[t].w};
+      const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr) * ps + (size_t)g * 16);
+      const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr + 1) * ps + (size_t)g * 16);
+      const int2 ds = xds[xr * nb + g];
+      int si = -8 * ds.y;
+      si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
+      si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
+      si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
+      si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
+      acc += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
+    }
+  }
+  return acc;
+}
+
+// The sum over a segment's L lanes (every lane of it gets it).
+template <int L>
+__device__ __forceinline__ float seg_sum(float v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+// Row o of a q4tp matrix of rows × nb groups against row xr of x', by a
+// segment of L lanes (all of them call it; every lane gets the sum).
+template <int L>
+__device__ __forceinline__ float q4s_row(const uint8_t* __restrict__ W, int rows, int nb, int o, bool ok, int xr, int ps,
+                                         const int8_t* xq, const int2* xds) {
+  const uint32_t ab = q4s_ab(W, rows, nb, o, ok);
+  float acc = 0.0f;
+  for (int t0 = 0; t0 < nb; t0 += L * Q4S_T) {
+    Q4Seg s;
+    q4s_load<L>(s, W, rows, nb, o, t0, ok);
+    acc = q4s_dot<L>(s, ab, nb, t0, xr, ps, xq, xds, acc);
+  }
+  return seg_sum<L>(acc);
+}
+
+// q4_prefetch_part: part p of P of row o's bytes (a q4tp matrix of rows ×
+// nb groups) into L2: its quants' 128-byte lines p, p + P, ..., and for
+// p == 0 its ladder and codes, for p == P − 1 its last quant line.
+__device__ __forceinline__ void q4_prefetch_part(const uint8_t* W, int rows, int nb, int o, int p, int P) {
+  const uint8_t* q = W + (size_t)o * nb * 16;
+  const int n = nb * 16;
+  for (int off = 128 * p; off < n; off += 128 * P) prefetch_l2(q + off);
+  if (p == P - 1) prefetch_l2(q + n - 1);
+  if (p == 0) {
+    const size_t poff = (size_t)rows * nb * 16, coff = poff + (size_t)rows * 4;
+    const int stride = (5 * nb + 7) / 8;
+    prefetch_l2(W + poff + 4 * (size_t)o);
+    prefetch_l2(W + coff + (size_t)o * stride);
+    prefetch_l2(W + coff + (size_t)o * stride + stride - 1);
+  }
 }
 
 #define MQ_PARAMS                                                                                              \
@@ -394,6 +548,7 @@ __device__ __forceinline__ void mq_q4tp(MQ_PARAMS) {
   load(c0);
   mq_next(c0, c1, nbat, rstep);
   load(c1);
+  mq_norm_prefetch(pro, nw, cols);
   pdl_wait();
   mq_prologue<R, true>(x, ldx, xoff, cols, gpr, ps, pro, nw, eps, xq, xds);
   float lad = 0.0f, acc[R];
@@ -478,6 +633,7 @@ __device__ __forceinline__ void mq_q8row(MQ_PARAMS) {
   load(c0);
   mq_next(c0, c1, nbat, rstep);
   load(c1);
+  mq_norm_prefetch(pro, nw, cols);
   pdl_wait();
   mq_prologue<R, false>(x, ldx, xoff, cols, nb, ps, pro, nw, eps, xq, xds);
   float acc[R];

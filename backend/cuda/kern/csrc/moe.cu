@@ -123,20 +123,23 @@ extern "C" __global__ void __launch_bounds__(256) moe_route(float* __restrict__ 
 
 // moe_router_f32: a decode step's routing in one launch. Each block takes
 // row blockIdx.y of x: its RMSNorm (the rmsnorm kernel's arithmetic:
-// Σx² in float64 over the block, then rms_inv and rms_apply per element),
-// MR_ROWS router rows of float32 weights W[E][H], a warp a row, against
-// the normalised row (the weights are loaded before pdl_wait: they do not
-// depend on the previous launch), and block 0 writes the normalised row
-// to xb (the experts' input). With sgw (the shared expert's gate, H
-// floats, 16-byte aligned) the warp of row E computes that gate's logit
-// into sg[r] (a plain dot, no routing). The last block of a row to finish
-// (a counter per row, cnt[r], back to 0 after) routes it as moe_route.
-// Params (x, ldx, nw, eps, one_plus, W, H, E, k, renorm, logits, ldl,
-// ids, w, xb, ldxb, cnt, sgw, sg). Launch: grid (⌈(E + (sgw ? 1 : 0)) /
-// MR_ROWS⌉, R), block 32·MR_ROWS; H % 4 == 0, W 16-byte aligned,
-// E ≤ MOE_MAXE, cnt zeros.
+// Σx² in float64 over the block, then rms_inv and rms_apply per element)
+// into shared memory, MR_ROWS router rows of float32 weights W[E][H], a
+// warp a row, against the normalised row (the weights and the norm weight
+// are loaded before pdl_wait: they do not depend on the previous launch;
+// x is loaded in one round, up to MR_X4 16-byte loads a thread in flight),
+// and block 0 writes the normalised row to xb (the experts' input). With
+// sgw (the shared expert's gate, H floats, 16-byte aligned) the warp of
+// row E computes that gate's logit into sg[r] (a plain dot, no routing).
+// The last block of a row to finish (a counter per row, cnt[r], back to 0
+// after) routes it as moe_route. Params (x, ldx, nw, eps, one_plus, W, H,
+// E, k, renorm, logits, ldl, ids, w, xb, ldxb, cnt, sgw, sg). Launch:
+// grid (⌈(E + (sgw ? 1 : 0)) / MR_ROWS⌉, R), block 32·MR_ROWS; H % 4 ==
+// 0, H ≤ MR_MAXH, W 16-byte aligned, E ≤ MOE_MAXE, cnt zeros.
 #define MR_ROWS 4
 #define MR_PF 16
+#define MR_MAXH 8192
+#define MR_X4 (MR_MAXH / 4 / (32 * MR_ROWS))
 extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
     moe_router_f32(const float* __restrict__ x, int ldx, const float* __restrict__ nw, float eps, int one_plus,
                    const float* __restrict__ W, int H, int E, int k, int renorm, float* __restrict__ logits, int ldl,
@@ -144,7 +147,8 @@ extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
                    const float* __restrict__ sgw, float* __restrict__ sg) {
   __shared__ double red[32];
   __shared__ int last;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = blockIdx.y;
+  __shared__ __align__(16) float xn[MR_MAXH];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r = blockIdx.y, nt = 32 * MR_ROWS;
   const int e = blockIdx.x * MR_ROWS + warp, n4 = H / 4;
   const bool gate = sgw != nullptr && e == E;
   const float4* wr = reinterpret_cast<const float4*>(gate ? sgw : W + (size_t)min(e, E - 1) * H);
@@ -154,22 +158,62 @@ extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
     const int i4 = lane + 32 * j;
     pf[j] = i4 < n4 ? __ldg(wr + i4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
+  const float* xr = x + (size_t)r * ldx;
+  const bool vec = aligned16(nw) && aligned16(xr);
+  float4* xn4 = reinterpret_cast<float4*>(xn);
+  // The norm weight into xn (each thread its own float4s i4 = tid + nt·j,
+  // which it alone reads back below: no barrier needed).
+  if (vec) {
+    float4 t[MR_X4];
+#pragma unroll
+    for (int j = 0; j < MR_X4; j++)
+      if (tid + nt * j < n4) t[j] = __ldg(reinterpret_cast<const float4*>(nw) + tid + nt * j);
+#pragma unroll
+    for (int j = 0; j < MR_X4; j++)
+      if (tid + nt * j < n4) xn4[tid + nt * j] = t[j];
+  }
   pdl_trigger();
   pdl_wait();
-  const float* xr = x + (size_t)r * ldx;
   double ss = 0.0;
-  for (int i = tid; i < H; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
-  ss = block_sum_d(ss, red);
-  const float inv = rms_inv(ss, H, eps);
+  float inv;
+  if (vec) {
+    float4 xv[MR_X4];
+#pragma unroll
+    for (int j = 0; j < MR_X4; j++)
+      xv[j] = tid + nt * j < n4 ? reinterpret_cast<const float4*>(xr)[tid + nt * j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < MR_X4; j++) {
+      ss += (double)xv[j].x * (double)xv[j].x;
+      ss += (double)xv[j].y * (double)xv[j].y;
+      ss += (double)xv[j].z * (double)xv[j].z;
+      ss += (double)xv[j].w * (double)xv[j].w;
+    }
+    ss = block_sum_d(ss, red);
+    inv = rms_inv(ss, H, eps);
+#pragma unroll
+    for (int j = 0; j < MR_X4; j++) {
+      const int i4 = tid + nt * j;
+      if (i4 >= n4) continue;
+      const float4 wv = xn4[i4];
+      xn4[i4] = make_float4(rms_apply(xv[j].x, inv, wv.x, one_plus), rms_apply(xv[j].y, inv, wv.y, one_plus),
+                            rms_apply(xv[j].z, inv, wv.z, one_plus), rms_apply(xv[j].w, inv, wv.w, one_plus));
+    }
+  } else {
+    for (int i = tid; i < H; i += nt) ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum_d(ss, red);
+    inv = rms_inv(ss, H, eps);
+    for (int i = tid; i < H; i += nt) xn[i] = rms_apply(xr[i], inv, nw[i], one_plus);
+  }
+  __syncthreads();
   if (blockIdx.x == 0)
-    for (int i = tid; i < H; i += blockDim.x) xb[(size_t)r * ldxb + i] = rms_apply(xr[i], inv, nw[i], one_plus);
+    for (int i = tid; i < H; i += nt) xb[(size_t)r * ldxb + i] = xn[i];
   float acc = 0.0f;
   auto dot4 = [&](float4 wv, int i4) {
-    const int i = 4 * i4;
-    acc += wv.x * rms_apply(xr[i], inv, nw[i], one_plus);
-    acc += wv.y * rms_apply(xr[i + 1], inv, nw[i + 1], one_plus);
-    acc += wv.z * rms_apply(xr[i + 2], inv, nw[i + 2], one_plus);
-    acc += wv.w * rms_apply(xr[i + 3], inv, nw[i + 3], one_plus);
+    const float4 v = xn4[i4];
+    acc += wv.x * v.x;
+    acc += wv.y * v.y;
+    acc += wv.z * v.z;
+    acc += wv.w * v.w;
   };
 #pragma unroll
   for (int j = 0; j < MR_PF; j++)
@@ -300,9 +344,10 @@ GEMMQ_MOE(q4tp, GemmQQ4TP)
 // expert a rowsE×cols tensor as CMF stores it). xrow(s) = s / k (xmode 0:
 // the gate/up products share their row's activations) or s (xmode 1: the
 // down product of each slot's own SwiGLU). The prologue (pro as mq_*)
-// quantizes the nx activation rows once a block. A warp computes
-// MOE_RPW rows at once (their loads in flight together); each row's sum
-// runs in the same order as the CPU's. Params (table, E, nmat, ids, nslot,
+// quantizes the nx activation rows once a block. q4tp: a segment of
+// q4s_lanes(nb) lanes a row (matvec.cu's q4s_row), 32 / that many rows a
+// warp at once; q8_row: a warp a row, MOE_RPW rows at once (their loads in
+// flight together). Params (table, E, nmat, ids, nslot,
 // k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps). Launch:
 // block 512, grid kern.MoEMatvecLaunch, dynamic shared memory
 // MatvecShared(cols, nx) (nx = nslot/k or nslot).
@@ -394,133 +439,131 @@ __device__ __forceinline__ void moe_prologue(const float* __restrict__ x, int ld
   __syncthreads();
 }
 
-// moe_prefetch: the bytes of expert row o of W (rowsE rows of cols, Q4:
-// q4tp's quants, codes and ladder; else q8_row's quants and scale) into L2,
-// for a lane to issue before the prologue so that its DRAM latency passes
-// while the activations are quantized.
-template <bool Q4>
-__device__ __forceinline__ void moe_prefetch(const uint8_t* W, int o, int rowsE, int cols) {
-  const int nb = (cols + 31) / 32;
-  const uint8_t* q = Q4 ? W + (size_t)o * nb * 16 : W + (size_t)o * cols;
-  const int n = Q4 ? nb * 16 : cols;
-  for (int off = 0; off < n; off += 128) prefetch_l2(q + off);
-  prefetch_l2(q + n - 1);
-  if (Q4) {
-    const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
-    const int stride = (5 * nb + 7) / 8;
-    prefetch_l2(W + poff + 4 * (size_t)o);
-    prefetch_l2(W + coff + (size_t)o * stride);
-    prefetch_l2(W + coff + (size_t)o * stride + stride - 1);
-  } else {
-    prefetch_l2(W + (size_t)rowsE * cols + 2 * (size_t)o);
-  }
+// moe_prefetch_q8: the bytes of expert row o of W (rowsE rows of cols,
+// q8_row: its quants and scale) into L2, for a lane to issue before the
+// prologue so that its DRAM latency passes while the activations are
+// quantized (q4tp rows: matvec.cu's q4_prefetch_part).
+__device__ __forceinline__ void moe_prefetch_q8(const uint8_t* W, int o, int rowsE, int cols) {
+  const uint8_t* q = W + (size_t)o * cols;
+  for (int off = 0; off < cols; off += 128) prefetch_l2(q + off);
+  prefetch_l2(q + cols - 1);
+  prefetch_l2(W + (size_t)rowsE * cols + 2 * (size_t)o);
 }
 
-// moe_dots: out[u] = W_u[orow[u]]·x'[xr[u]] for U expert rows at once
-// (their loads in flight together), the activations quantized in shared
-// memory by moe_prologue: each lane sums its groups (q4tp) or 16-byte
-// chunks (q8_row) in order, then the warp's fixed shuffle tree (q8_row:
-// times the row scale). Every lane gets the sums. Warp-uniform.
-template <bool Q4, int U>
-__device__ __forceinline__ void moe_dots(const uint8_t* const (&Wr)[U], const int (&orow)[U], const int (&xr)[U], int rowsE,
-                                         int cols, int nb, int ps, const int8_t* xq, const int2* xds, float (&out)[U]) {
+// moe_dots_q8: out[u] = W_u[orow[u]]·x'[xr[u]] for U q8_row expert rows
+// at once (their loads in flight together), the activations quantized in
+// shared memory by moe_prologue: each lane sums its 16-byte chunks in
+// order, then the warp's fixed shuffle tree, times the row scale. Every
+// lane gets the sums. Warp-uniform. (q4tp rows: matvec.cu's q4s_row.)
+template <int U>
+__device__ __forceinline__ void moe_dots_q8(const uint8_t* const (&Wr)[U], const int (&orow)[U], const int (&xr)[U], int rowsE,
+                                            int cols, int nb, int ps, const int8_t* xq, const int2* xds, float (&out)[U]) {
   const int lane = threadIdx.x & 31;
-  const int stride = (5 * nb + 7) / 8;  // q4tp: cols % 32 == 0, nb = gpr
   const bool vec8 = cols % 16 == 0;
-  const size_t poff = (size_t)rowsE * nb * 16, coff = poff + (size_t)rowsE * 4;
   float acc[U];
 #pragma unroll
   for (int u = 0; u < U; u++) acc[u] = 0.0f;
-  if (Q4) {
-    float lad[U];
+  const int nch = (cols + 15) / 16;
+  for (int c = lane; c < nch; c += 32) {
+    const int b = c >> 1, h = c & 1;
+    uint4 w[U];
+    bool al[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      const uint8_t* pr = Wr[u] + poff + 4 * (size_t)orow[u];
-      lad[u] = q4tp_rung(ld_u16(pr), ld_u16(pr + 2), lane);
+      al[u] = vec8 && aligned16(Wr[u]);
+      w[u] = al[u] ? __ldcs((const uint4*)(Wr[u] + (size_t)orow[u] * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
     }
-    for (int g0 = 0; g0 < nb; g0 += 32) {
-      const int g = g0 + lane;
-      uint4 c[U];
-      int code[U];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        code[u] = g < nb ? q4tp_code(Wr[u] + coff + (size_t)orow[u] * stride, g) : 0;
-        c[u] = g < nb ? __ldcs((const uint4*)(Wr[u] + ((size_t)orow[u] * nb + g) * 16)) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < U; u++) {
+      const uint8_t* row = Wr[u] + (size_t)orow[u] * cols;
+      int si = 0;
+      if (al[u]) {
+        const int4 q = *(const int4*)(xq + (size_t)(2 * xr[u] + h) * ps + (size_t)b * 16);
+        si = __dp4a((int)w[u].x, q.x, si); si = __dp4a((int)w[u].y, q.y, si);
+        si = __dp4a((int)w[u].z, q.z, si); si = __dp4a((int)w[u].w, q.w, si);
+      } else {
+        for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
+          si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr[u] + h) * ps + (size_t)b * 16 + (i & 15)];
       }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const float sc = __shfl_sync(FULL_MASK, lad[u], code[u]);
-        if (g < nb) {
-          const uint32_t wv[4] = {c[u].x, c[u].y, c[u].z, c[u].w};
-          const int4 q0 = *(const int4*)(xq + (size_t)(2 * xr[u]) * ps + (size_t)g * 16);
-          const int4 q1 = *(const int4*)(xq + (size_t)(2 * xr[u] + 1) * ps + (size_t)g * 16);
-          const int2 ds = xds[xr[u] * nb + g];
-          int si = -8 * ds.y;
-          si = __dp4a((int)(wv[0] & 0x0F0F0F0Fu), q0.x, si); si = __dp4a((int)((wv[0] >> 4) & 0x0F0F0F0Fu), q0.y, si);
-          si = __dp4a((int)(wv[1] & 0x0F0F0F0Fu), q0.z, si); si = __dp4a((int)((wv[1] >> 4) & 0x0F0F0F0Fu), q0.w, si);
-          si = __dp4a((int)(wv[2] & 0x0F0F0F0Fu), q1.x, si); si = __dp4a((int)((wv[2] >> 4) & 0x0F0F0F0Fu), q1.y, si);
-          si = __dp4a((int)(wv[3] & 0x0F0F0F0Fu), q1.z, si); si = __dp4a((int)((wv[3] >> 4) & 0x0F0F0F0Fu), q1.w, si);
-          acc[u] += __fmul_rn(sc, __int_as_float(ds.x)) * (float)si;
-        }
-      }
-    }
-  } else {
-    const int nch = (cols + 15) / 16;
-    for (int c = lane; c < nch; c += 32) {
-      const int b = c >> 1, h = c & 1;
-      uint4 w[U];
-      bool al[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        al[u] = vec8 && aligned16(Wr[u]);
-        w[u] = al[u] ? __ldcs((const uint4*)(Wr[u] + (size_t)orow[u] * cols + 16 * (size_t)c)) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const uint8_t* row = Wr[u] + (size_t)orow[u] * cols;
-        int si = 0;
-        if (al[u]) {
-          const int4 q = *(const int4*)(xq + (size_t)(2 * xr[u] + h) * ps + (size_t)b * 16);
-          si = __dp4a((int)w[u].x, q.x, si); si = __dp4a((int)w[u].y, q.y, si);
-          si = __dp4a((int)w[u].z, q.z, si); si = __dp4a((int)w[u].w, q.w, si);
-        } else {
-          for (int i = 16 * c; i < min(cols, 16 * c + 16); i++)
-            si += (int)(int8_t)row[i] * (int)xq[(size_t)(2 * xr[u] + h) * ps + (size_t)b * 16 + (i & 15)];
-        }
-        acc[u] += __int_as_float(xds[xr[u] * nb + b].x) * (float)si;
-      }
+      acc[u] += __int_as_float(xds[xr[u] * nb + b].x) * (float)si;
     }
   }
 #pragma unroll
-  for (int u = 0; u < U; u++) {
-    float a = warp_sum(acc[u]);
-    if (!Q4) a *= f16_to_f32(ld_u16(Wr[u] + (size_t)rowsE * cols + 2 * (size_t)orow[u]));
-    out[u] = a;
+  for (int u = 0; u < U; u++)
+    out[u] = warp_sum(acc[u]) * f16_to_f32(ld_u16(Wr[u] + (size_t)rowsE * cols + 2 * (size_t)orow[u]));
+}
+
+// moe_table_load: the n expert base pointers of table into shared memory
+// (tab, MOE_TAB entries) before pdl_wait (the tables are written once,
+// before the first step that reads them), so that the lookup after the
+// routing arrives is a shared-memory read, not a dependent L2 round trip.
+// Returns the table to read (tab, or table itself when n > MOE_TAB); the
+// caller syncs the block before reading tab.
+#define MOE_TAB (2 * MOE_MAXE)
+__device__ __forceinline__ const uint8_t* const* moe_table_load(const uint8_t* const* __restrict__ table, int n,
+                                                               const uint8_t** tab) {
+  if (n > MOE_TAB) return table;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) tab[i] = table[i];
+  return tab;
+}
+
+// mv_moe's phases: the L2 prefetch of a warp's rows, then the prologue
+// and the products. q4tp takes a row by a segment of L = q4s_lanes(nb)
+// lanes (matvec.cu's q4s_row), RW = 32 / L rows a warp a pass: row i of a
+// warp's list is v(i) = (gw + (i / RW)·GW)·RW + i % RW (gw the warp's
+// index in the grid, GW the grid's warps); the first MOE_PF_ROWS of them
+// are prefetched, four lanes a row. q8_row keeps a warp a row, MOE_RPW
+// rows at once (lane t prefetches row t % MOE_RPW of its pass t /
+// MOE_RPW).
+#define MOE_PF_ROWS 16
+__device__ __forceinline__ void moe_gu_prefetch_q4(const uint8_t* const* __restrict__ table, int E, int nmat,
+                                                   const int* __restrict__ ids, int nslot, int rowsE, int nb) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int RW = 32 / q4s_lanes(nb), gw = blockIdx.x * nwarps + warp, GW = gridDim.x * nwarps;
+  const int per = nmat * rowsE, N = nslot * per;
+  for (int i = lane / 4; i < MOE_PF_ROWS; i += 8) {
+    const int v = (gw + (i / RW) * GW) * RW + i % RW;
+    if (v >= N) break;
+    const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+    if (e >= 0) q4_prefetch_part(table[(size_t)m * E + e], rowsE, nb, o, lane & 3, 4);
   }
 }
 
-// mv_moe's phases: the L2 prefetch of a warp's rows (lane t: row t %
-// MOE_RPW of its sweep t / MOE_RPW), then the prologue and the products.
 template <bool Q4>
 __device__ __forceinline__ void moe_gu_prefetch(const uint8_t* const* __restrict__ table, int E, int nmat,
                                                 const int* __restrict__ ids, int nslot, int rowsE, int cols) {
+  if (Q4) {
+    moe_gu_prefetch_q4(table, E, nmat, ids, nslot, rowsE, cols / 32);
+    return;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int per = nmat * rowsE, N = nslot * per;
   const int v = (blockIdx.x * nwarps + warp) * MOE_RPW + (lane / MOE_RPW) * gridDim.x * nwarps * MOE_RPW + lane % MOE_RPW;
   if (v < N) {
     const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
-    if (e >= 0) moe_prefetch<Q4>(table[(size_t)m * E + e], o, rowsE, cols);
+    if (e >= 0) moe_prefetch_q8(table[(size_t)m * E + e], o, rowsE, cols);
   }
 }
 
-template <bool Q4, bool CG = false>
-__device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
+// mv_moe's q4tp products: RW rows a warp a pass, one a segment.
+template <int L>
+__device__ __forceinline__ void moe_gu_rows_q4(MOE_PARAMS, int nb, int ps, const int8_t* xq, const int2* xds) {
+  constexpr int RW = 32 / L;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, seg = lane / L;
+  const int per = nmat * rowsE, N = nslot * per;
+  for (int v0 = (blockIdx.x * nwarps + warp) * RW; v0 < N; v0 += gridDim.x * nwarps * RW) {  // warp-uniform
+    const int v = v0 + seg, vc = min(v, N - 1);
+    const int s = vc / per, rem = vc - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+    const bool ok = v < N && e >= 0;  // no expert (cannot happen for E >= 1): zeros, not a wild read
+    const float a = q4s_row<L>(table[(size_t)m * E + (e < 0 ? 0 : e)], rowsE, nb, o, ok, xmode ? s : s / k, ps, xq, xds);
+    if ((lane & (L - 1)) == 0 && v < N) y[(size_t)s * ldy + (size_t)m * rowsE + o] = ok ? a : 0.0f;
+  }
+}
+
+// mv_moe's q8_row products: a warp a row, MOE_RPW rows at once.
+__device__ __forceinline__ void moe_gu_rows_q8(MOE_PARAMS, int nb, int ps, const int8_t* xq, const int2* xds) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int nb = (cols + 31) / 32, ps = mq_plane(nb), per = nmat * rowsE, N = nslot * per;
-  const int nx = xmode ? nslot : nslot / k;
-  int8_t* xq = (int8_t*)smem;
-  int2* xds = (int2*)(smem + (size_t)nx * 2 * ps);
-  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
+  const int per = nmat * rowsE, N = nslot * per;
   for (int v0 = (blockIdx.x * nwarps + warp) * MOE_RPW; v0 < N; v0 += gridDim.x * nwarps * MOE_RPW) {  // warp-uniform
     const uint8_t* Wr[MOE_RPW];
     int xr[MOE_RPW], orow[MOE_RPW];
@@ -537,28 +580,49 @@ __device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
       yo[u] = (size_t)s * ldy + (size_t)m * rowsE + o;
     }
     float a[MOE_RPW];
-    moe_dots<Q4, MOE_RPW>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
+    moe_dots_q8<MOE_RPW>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
 #pragma unroll
     for (int u = 0; u < MOE_RPW; u++)
       if (lane == 0 && v0 + u < N) y[yo[u]] = ok[u] ? a[u] : 0.0f;
   }
 }
 
+template <bool Q4, bool CG = false>
+__device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb), nx = xmode ? nslot : nslot / k;
+  int8_t* xq = (int8_t*)smem;
+  int2* xds = (int2*)(smem + (size_t)nx * 2 * ps);
+  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
+  if constexpr (Q4) {
+    switch (q4s_lanes(nb)) {
+      case 4: moe_gu_rows_q4<4>(MOE_ARGS, nb, ps, xq, xds); break;
+      case 8: moe_gu_rows_q4<8>(MOE_ARGS, nb, ps, xq, xds); break;
+      case 16: moe_gu_rows_q4<16>(MOE_ARGS, nb, ps, xq, xds); break;
+      default: moe_gu_rows_q4<32>(MOE_ARGS, nb, ps, xq, xds); break;
+    }
+  } else {
+    moe_gu_rows_q8(MOE_ARGS, nb, ps, xq, xds);
+  }
+}
+
 template <bool Q4>
 __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
+  __shared__ const uint8_t* tab[MOE_TAB];
   pdl_trigger();
+  const uint8_t* const* tb = moe_table_load(table, E * nmat, tab);
   pdl_wait();  // ids come from moe_route
-  moe_gu_prefetch<Q4>(table, E, nmat, ids, nslot, rowsE, cols);
-  moe_gu_body<Q4>(MOE_ARGS, mq_smem);
+  __syncthreads();  // tab
+  moe_gu_prefetch<Q4>(tb, E, nmat, ids, nslot, rowsE, cols);
+  moe_gu_body<Q4>(tb, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps, mq_smem);
 }
 
 // mv_moe_dc_{q4tp,q8row}: the down products and the combine in one launch
 // (decode steps): y[r][o] += Σ_j w[r·k+j]·D_{ids[r·k+j]}[o]·x'[r·k+j] (+
 // σ(g[r])·ys[r·ldy+o] with a shared expert), the slots in order, each
-// product as mv_moe_*'s (moe_dots: the same sums), so the result equals
-// mv_moe_* then moe_combine. A warp takes one (r, o) and MOE_DC slots of it
-// at once. x' is pro's prologue (kern.ProSilu: silu(x)·x[xoff:]) over the
+// product as mv_moe_*'s (q4s_row or moe_dots_q8: the same sums), so the
+// result equals mv_moe_* then moe_combine. A warp takes one (r, o) and
+// its slots, 32 / q4s_lanes(nb) at once (q4tp) or MOE_DC (q8_row). x' is pro's prologue (kern.ProSilu: silu(x)·x[xoff:]) over the
 // nslot slot rows. Params (table, E, ids, nslot, k, rowsE, cols, x, ldx,
 // xoff, pro, y, ldy, w, ys, g). Launch: block 512, grid
 // kern.MoEDownCombineGrid, dynamic shared memory MatvecShared(cols, nslot).
@@ -569,26 +633,61 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
       const float* __restrict__ w, const float* __restrict__ ys, const float* __restrict__ g
 #define MOE_DC_ARGS table, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g
 
-// mv_moe_dc's phases: the L2 prefetch (lane t: slot t % k of the warp's
-// output t / k, its first 32 / k outputs), then the prologue and the sums.
+// mv_moe_dc's phases: the L2 prefetch, then the prologue and the sums.
+// q4tp: a warp's output v = gw + p·GW of pass p takes its k slots' rows,
+// RW = 32 / q4s_lanes(nb) slots at once (one a segment); the first
+// MOE_PF_ROWS (pass, slot) rows are prefetched, four lanes a row. q8_row:
+// lane t prefetches slot t % k of the warp's output t / k (its first 32 /
+// k outputs).
 template <bool Q4>
 __device__ __forceinline__ void moe_dc_prefetch(const uint8_t* const* __restrict__ table, const int* __restrict__ ids, int nslot,
                                                 int k, int rowsE, int cols) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, N = nslot / k * rowsE;
-  const int v = blockIdx.x * nwarps + warp + (lane / k) * gridDim.x * nwarps, j = lane % k;
+  const int gw = blockIdx.x * nwarps + warp, GW = gridDim.x * nwarps;
+  if (Q4) {
+    for (int i = lane / 4; i < MOE_PF_ROWS; i += 8) {
+      const int p = i / k, j = i - p * k, v = gw + p * GW;
+      if (v >= N) break;
+      const int r = v / rowsE, o = v - r * rowsE, e = ids[r * k + j];
+      if (e >= 0) q4_prefetch_part(table[e], rowsE, cols / 32, o, lane & 3, 4);
+    }
+    return;
+  }
+  const int v = gw + (lane / k) * GW, j = lane % k;
   if (v < N && lane / k < 32 / k) {
     const int r = v / rowsE, o = v - r * rowsE, e = ids[r * k + j];
-    if (e >= 0) moe_prefetch<Q4>(table[e], o, rowsE, cols);
+    if (e >= 0) moe_prefetch_q8(table[e], o, rowsE, cols);
   }
 }
 
-template <bool Q4, bool CG = false>
-__device__ __forceinline__ void moe_dc_body(MOE_DC_PARAMS, uint8_t* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  const int nb = (cols + 31) / 32, ps = mq_plane(nb), R = nslot / k, N = R * rowsE;
-  int8_t* xq = (int8_t*)smem;
-  int2* xds = (int2*)(smem + (size_t)nslot * 2 * ps);
-  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
+// mv_moe_dc's q4tp sums: a warp an output, RW slots at once; the slots'
+// products added in slot order by every lane (lane 0 stores).
+template <int L>
+__device__ __forceinline__ void moe_dc_rows_q4(MOE_DC_PARAMS, int nb, int ps, const int8_t* xq, const int2* xds) {
+  constexpr int RW = 32 / L;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, seg = lane / L;
+  const int R = nslot / k, N = R * rowsE;
+  for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
+    const int r = v / rowsE, o = v - r * rowsE;
+    float acc = y[(size_t)r * ldy + o];
+    for (int j0 = 0; j0 < k; j0 += RW) {
+      const int j = j0 + seg, s = r * k + min(j, k - 1), e = ids[s];
+      const float a = q4s_row<L>(table[e < 0 ? 0 : e], rowsE, nb, o, j < k && e >= 0, s, ps, xq, xds);
+#pragma unroll
+      for (int u = 0; u < RW; u++) {
+        const float au = __shfl_sync(FULL_MASK, a, u * L);
+        const int su = r * k + j0 + u;
+        if (j0 + u < k) acc += w[su] * (ids[su] < 0 ? 0.0f : au);
+      }
+    }
+    if (ys) acc += 1.0f / (1.0f + expf(-g[r])) * ys[(size_t)r * ldy + o];
+    if (lane == 0) y[(size_t)r * ldy + o] = acc;
+  }
+}
+
+// mv_moe_dc's q8_row sums: a warp an output, MOE_DC slots at once.
+__device__ __forceinline__ void moe_dc_rows_q8(MOE_DC_PARAMS, int nb, int ps, const int8_t* xq, const int2* xds) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, N = nslot / k * rowsE;
   for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
     const int r = v / rowsE, o = v - r * rowsE;
     float acc = y[(size_t)r * ldy + o];
@@ -603,7 +702,7 @@ __device__ __forceinline__ void moe_dc_body(MOE_DC_PARAMS, uint8_t* smem) {
         orow[u] = o;
       }
       float a[MOE_DC];
-      moe_dots<Q4, MOE_DC>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
+      moe_dots_q8<MOE_DC>(Wr, orow, xr, rowsE, cols, nb, ps, xq, xds, a);
 #pragma unroll
       for (int u = 0; u < MOE_DC; u++) {
         const int s = r * k + j0 + u;
@@ -615,13 +714,34 @@ __device__ __forceinline__ void moe_dc_body(MOE_DC_PARAMS, uint8_t* smem) {
   }
 }
 
+template <bool Q4, bool CG = false>
+__device__ __forceinline__ void moe_dc_body(MOE_DC_PARAMS, uint8_t* smem) {
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb);
+  int8_t* xq = (int8_t*)smem;
+  int2* xds = (int2*)(smem + (size_t)nslot * 2 * ps);
+  moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nslot, pro, nullptr, 0.0f, xq, xds);
+  if constexpr (Q4) {
+    switch (q4s_lanes(nb)) {
+      case 4: moe_dc_rows_q4<4>(MOE_DC_ARGS, nb, ps, xq, xds); break;
+      case 8: moe_dc_rows_q4<8>(MOE_DC_ARGS, nb, ps, xq, xds); break;
+      case 16: moe_dc_rows_q4<16>(MOE_DC_ARGS, nb, ps, xq, xds); break;
+      default: moe_dc_rows_q4<32>(MOE_DC_ARGS, nb, ps, xq, xds); break;
+    }
+  } else {
+    moe_dc_rows_q8(MOE_DC_ARGS, nb, ps, xq, xds);
+  }
+}
+
 template <bool Q4>
 __device__ __forceinline__ void mv_moe_dc(MOE_DC_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
+  __shared__ const uint8_t* tab[MOE_TAB];
   pdl_trigger();
+  const uint8_t* const* tb = moe_table_load(table, E, tab);
   pdl_wait();  // the gate|up products and the routing come from earlier launches
-  moe_dc_prefetch<Q4>(table, ids, nslot, k, rowsE, cols);
-  moe_dc_body<Q4>(MOE_DC_ARGS, mq_smem);
+  __syncthreads();  // tab
+  moe_dc_prefetch<Q4>(tb, ids, nslot, k, rowsE, cols);
+  moe_dc_body<Q4>(tb, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g, mq_smem);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q4tp(MOE_DC_PARAMS) { mv_moe_dc<true>(MOE_DC_ARGS); }
