@@ -778,7 +778,10 @@ func (f *fakeGPU) exec(c *fakeCall) {
 	case strings.HasPrefix(name, "mv_moe_dc_"):
 		// mv_moe_* over the slots' SwiGLU rows, then moe_combine into y.
 		fam := strings.TrimPrefix(name, "mv_moe_dc_")
-		E, nslot, k, rowsE, cols, ldx, xoff, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(12)
+		E, nslot, k, rowsE, cols, ldx, xoff, pro, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(10), c.int(12)
+		if pro != kern.ProSilu && pro != kern.ProPlain {
+			f.t.Fatalf("fake: %s with prologue %d", name, pro)
+		}
 		R := nslot / k
 		x, y := f.view(c.ptr(7), int(rowsSpan(nslot, ldx, xoff+cols)/4)), f.view(c.ptr(11), int(rowsSpan(R, ldy, rowsE)/4))
 		ids, wv := f.bytesAt(c.ptr(2), 4*int64(nslot)), f.view(c.ptr(13), nslot)
@@ -796,6 +799,10 @@ func (f *fakeGPU) exec(c *fakeCall) {
 				xp := make([]float32, cols)
 				for i := range xp {
 					v := float64(x.at(s*ldx + i))
+					if pro == kern.ProPlain { // mv_moe_*'s SwiGLU rows (kern.MoEXGLU)
+						xp[i] = float32(v)
+						continue
+					}
 					xp[i] = float32(v / (1 + math.Exp(-v)) * float64(x.at(s*ldx+xoff+i)))
 				}
 				d := f.moeProduct(fam, c.ptr(0), E, int(int32(binary.LittleEndian.Uint32(ids[4*s:]))), 0, rowsE, cols, xp)
@@ -816,18 +823,25 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		nslot, k, rowsE, cols := c.int(4), c.int(5), c.int(6), c.int(7)
 		ldx, xoff, xmode, ldy, pro := c.int(9), c.int(10), c.int(11), c.int(13), c.int(14)
 		nx := nslot / k
-		if xmode != 0 {
+		if xmode == kern.MoEXSlot {
 			nx = nslot
+		}
+		out := nmat * rowsE
+		if xmode == kern.MoEXGLU {
+			if nmat != 2 || fam != "q4tp" || !kern.MoEGLUFits(quant.Q4TP, cols) {
+				f.t.Fatalf("fake: %s with the SwiGLU epilogue over %d matrices of %d columns", name, nmat, cols)
+			}
+			out = rowsE
 		}
 		span := rowsSpan(nx, ldx, cols)
 		if pro == kern.ProSilu {
 			span = rowsSpan(nx, ldx, xoff+cols)
 		}
-		x, y := f.view(c.ptr(8), int(span/4)), f.view(c.ptr(12), int(rowsSpan(nslot, ldy, nmat*rowsE)/4))
+		x, y := f.view(c.ptr(8), int(span/4)), f.view(c.ptr(12), int(rowsSpan(nslot, ldy, out)/4))
 		ids := f.bytesAt(c.ptr(3), 4*int64(nslot))
 		for s := range nslot {
 			xr := s / k
-			if xmode != 0 {
+			if xmode == kern.MoEXSlot {
 				xr = s
 			}
 			xp := make([]float32, cols)
@@ -841,6 +855,14 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 			xq := moeActs(fam, xp)
 			e := int(int32(binary.LittleEndian.Uint32(ids[4*s:])))
+			if xmode == kern.MoEXGLU {
+				g, u := f.moeProductQ(fam, c.ptr(0), E, e, 0, rowsE, cols, xq), f.moeProductQ(fam, c.ptr(0), E, e, 1, rowsE, cols, xq)
+				for o := range g {
+					v := float64(g[o])
+					y.set(s*ldy+o, float32(v/(1+math.Exp(-v))*float64(u[o])))
+				}
+				continue
+			}
 			for m := range nmat {
 				for o, v := range f.moeProductQ(fam, c.ptr(0), E, e, m, rowsE, cols, xq) {
 					y.set(s*ldy+m*rowsE+o, v)

@@ -224,12 +224,20 @@ func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu,
 	for c0 := 0; c0 < R; c0 += chunk {
 		n := min(chunk, R-c0)
 		sl := int64(c0 * k)
-		if comb == nil || !st.d.opt.MoEFF {
-			st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, 0,
+		// A decode step's down launch over SwiGLU rows the gate|up launch
+		// wrote itself (kern.MoEXGLU: half the bytes, no SiLU in every
+		// block of the down launch's prologue), where the experts take it.
+		glu := comb != nil && !st.d.opt.MoEFF && !st.d.opt.NoFusion && kern.MoEGLUFits(dt, H)
+		switch {
+		case glu:
+			st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, kern.MoEXGLU,
+				gu.Add(4*sl*int64(I)), I, kern.ProPlain, n)
+		case comb == nil || !st.d.opt.MoEFF:
+			st.moeLaunch(dt, tabs[0], E, 2, ids.Add(4*sl), n*k, k, I, H, xb.Add(4*int64(c0)*int64(H)), H, 0, kern.MoEXRow,
 				gu.Add(4*sl*int64(2*I)), 2*I, kern.ProPlain, n)
 		}
 		if comb == nil {
-			st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, 1,
+			st.moeLaunch(dt, tabs[2], E, 1, ids.Add(4*sl), n*k, k, H, I, gu.Add(4*sl*int64(2*I)), 2*I, I, kern.MoEXSlot,
 				yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
 			continue
 		}
@@ -252,6 +260,9 @@ func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu,
 		}
 		dc := kern.MoEDownCombineArgs{Table: tabs[2], E: E, IDs: ids.Add(4 * sl), NSlot: n * k, K: k, Rows: H, Cols: I,
 			X: gu.Add(4 * sl * int64(2*I)), Ldx: 2 * I, Xoff: I, Y: comb.x.Add(4 * int64(c0) * int64(H)), Ldy: H, W8: comb.wts.Add(4 * sl)}
+		if glu {
+			dc.X, dc.Ldx, dc.Xoff, dc.GLU = gu.Add(4*sl*int64(I)), I, 0, true
+		}
 		if comb.ys != 0 {
 			dc.YS, dc.G = comb.ys.Add(4*int64(c0)*int64(H)), comb.sg.Add(4*int64(c0))
 		}

@@ -676,7 +676,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		E, nslot, k, rowsE, cols, ldx, xoff, pro, ldy := c.int(1), c.int(3), c.int(4), c.int(5), c.int(6), c.int(8), c.int(9), c.int(10), c.int(12)
 		R := nslot / max(k, 1)
 		errs := []error{want(b.X == 512 && g == kern.MoEDownCombineGrid(R, rowsE, 132) && c.cfg.Shared == kern.MatvecShared(cols, nslot), "shape"),
-			want(k >= 1 && nslot%k == 0 && nslot <= 64 && pro == kern.ProSilu && ldx >= xoff+cols && ldy >= rowsE && E >= 1, "sizes"),
+			want(k >= 1 && nslot%k == 0 && nslot <= 64 && (pro == kern.ProSilu || pro == kern.ProPlain && xoff == 0) && ldx >= xoff+cols && ldy >= rowsE && E >= 1, "sizes"),
 			f.span("table", c.ptr(0), 8*int64(E)), f.span("ids", c.ptr(2), 4*int64(nslot)), f.span("x", c.ptr(7), rowsSpan(nslot, ldx, xoff+cols)),
 			f.span("y", c.ptr(11), rowsSpan(R, ldy, rowsE)), f.span("w", c.ptr(13), 4*int64(nslot))}
 		if c.ptr(14) != 0 {
@@ -687,7 +687,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		E, nmat := c.int(1), c.int(2)
 		nslot, k, rowsE, cols, ldx, xoff, xmode, ldy, pro := c.int(4), c.int(5), c.int(6), c.int(7), c.int(9), c.int(10), c.int(11), c.int(13), c.int(14)
 		nx := nslot / k
-		if xmode != 0 {
+		if xmode == kern.MoEXSlot {
 			nx = nslot
 		}
 		xw := cols
@@ -695,10 +695,15 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			xw = xoff + cols
 		}
 		dt := map[string]quant.DType{"q8row": quant.Q8Row, "q4tp": quant.Q4TP, "f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16}[strings.TrimPrefix(name, "mv_moe_")]
+		out := nmat * rowsE // y's row: both products, or (kern.MoEXGLU) their SwiGLU
+		if xmode == kern.MoEXGLU {
+			out = rowsE
+		}
 		return errorsJoin(want(b.X == 512 && g == kern.MoEMatvecGrid(nslot, nmat, rowsE, 132) && c.cfg.Shared == kern.MoEMatvecSharedFor(dt, cols, nx), "shape"),
-			want(nslot%k == 0 && (nx <= 64 || c.cfg.Shared == 0) && ldx >= xw && ldy >= nmat*rowsE && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
+			want(nslot%k == 0 && (nx <= 64 || c.cfg.Shared == 0) && ldx >= xw && ldy >= out && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
+			want(xmode >= kern.MoEXRow && xmode <= kern.MoEXGLU && (xmode != kern.MoEXGLU || nmat == 2 && kern.MoEGLUFits(dt, cols)), "xmode %d", xmode),
 			f.span("table", c.ptr(0), 8*int64(nmat*E)),
-			f.span("ids", c.ptr(3), 4*int64(nslot)), f.span("x", c.ptr(8), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(12), rowsSpan(nslot, ldy, nmat*rowsE)))
+			f.span("ids", c.ptr(3), 4*int64(nslot)), f.span("x", c.ptr(8), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(12), rowsSpan(nslot, ldy, out)))
 	case name == "moe_combine":
 		ldx, ldy, k, n, R := c.int(1), c.int(3), c.int(5), c.int(8), int(g.Y)
 		yrows := R * k

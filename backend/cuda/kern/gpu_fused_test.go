@@ -282,3 +282,69 @@ func TestGPUMoEFF(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUMoEGLU: mv_moe_q4tp's SwiGLU epilogue (xmode MoEXGLU: y[s][o] =
+// silu(gate)·up) then mv_moe_dc_q4tp over those rows (GLU: no SiLU in its
+// prologue) against the gate|up rows (xmode 0) then mv_moe_dc_q4tp's own
+// SiLU, on the same inputs: the SwiGLU rows equal silu(gate)·up of the
+// gate|up rows to float32 rounding, and the residual is bitwise the same
+// (the epilogue computes what the down launch's prologue did). Widths of
+// 32, 64 and 128 groups (segments of 4, 8 and 16 lanes, two a warp's
+// output) and the 30B-A3B and Qwen3-Next expert shapes.
+func TestGPUMoEGLU(t *testing.T) {
+	g := newGPU(t)
+	r := rng(61)
+	dt := quant.Q4TP
+	for _, c := range []struct {
+		E, k, R, H, I int
+		shared        bool
+	}{{128, 8, 1, 2048, 768, false}, {64, 10, 1, 2048, 512, true}, {16, 4, 3, 1024, 96, true}, {8, 8, 8, 4096, 64, false}} {
+		E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
+		if !kern.MoEGLUFits(dt, H) {
+			t.Fatalf("H %d: MoEGLUFits false", H)
+		}
+		tgu, td := make([]byte, 16*E), make([]byte, 8*E)
+		for e := range E {
+			binary.LittleEndian.PutUint64(tgu[8*e:], uint64(g.randomMat(&r, dt, I, H)))
+			binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(g.randomMat(&r, dt, I, H)))
+			binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(&r, dt, H, I)))
+		}
+		ids, wv := moeRouting(&r, R, k, E, 5)
+		xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
+		ys, sg := r.vec(R*H, 1), r.vec(R, 1)
+		dtgu, dtd, dids, dw, dxb := g.upload(tgu), g.upload(td), g.i32(ids), g.f32(wv), g.f32(xb)
+		var dys, dsg kern.Ptr
+		if c.shared {
+			dys, dsg = g.f32(ys), g.f32(sg)
+		}
+		gu, y1 := g.zeros(R*k*2*I), g.f32(y0)
+		g.run(func(l *kern.Launcher) error {
+			return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, kern.MoEXRow, gu, 2*I, kern.ProPlain),
+				l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
+					X: gu, Ldx: 2 * I, Xoff: I, Y: y1, Ldy: H, W8: dw, YS: dys, G: dsg}))
+		})
+		h, y2 := g.zeros(R*k*I), g.f32(y0)
+		g.run(func(l *kern.Launcher) error {
+			return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, kern.MoEXGLU, h, I, kern.ProPlain),
+				l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
+					X: h, Ldx: I, GLU: true, Y: y2, Ldy: H, W8: dw, YS: dys, G: dsg}))
+		})
+		gotGU, gotH := g.readF32(gu, R*k*2*I), g.readF32(h, R*k*I)
+		for s := range R * k {
+			for o := range I {
+				gv, uv := float64(gotGU[s*2*I+o]), float64(gotGU[s*2*I+I+o])
+				want := gv / (1 + math.Exp(-gv)) * uv
+				if d := math.Abs(float64(gotH[s*I+o]) - want); d > 1e-6*math.Abs(want)+1e-30 {
+					t.Fatalf("E %d k %d R %d H %d: h[%d][%d] %g, silu(gate)·up of the gate|up rows %g", E, k, R, H, s, o, gotH[s*I+o], want)
+				}
+			}
+		}
+		want, got := g.readF32(y1, R*H), g.readF32(y2, R*H)
+		for i := range want {
+			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("E %d k %d R %d H %d: y[%d] %g over the SwiGLU rows, %g with the down launch's SiLU", E, k, R, H, i, got[i], want[i])
+			}
+		}
+		t.Logf("q4tp experts %d×%d top %d of %d, %d rows, shared %v: SwiGLU epilogue, down bitwise the unfused prologue's", I, H, k, E, R, c.shared)
+	}
+}

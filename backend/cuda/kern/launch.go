@@ -1198,6 +1198,21 @@ func (l *Launcher) MoERoute(logits Ptr, ldl, E, k int, renorm bool, ids, w Ptr, 
 	return l.run(moeRouteCalls(logits, ldl, E, k, renorm, ids, w, R), nil)
 }
 
+// mv_moe_*'s xmode: whose activations a slot's products read, and what
+// they write.
+const (
+	MoEXRow  = 0 // the slot's row (s / k): gate|up, y[s][m·rowsE + o]
+	MoEXSlot = 1 // the slot's own row (s): the down products of each slot's SwiGLU
+	MoEXGLU  = 2 // as MoEXRow over gate and up (nmat 2), writing y[s][o] = silu(gate)·up (MoEGLUFits)
+)
+
+// MoEGLUFits reports whether mv_moe_* takes xmode MoEXGLU for experts of
+// format d and cols columns (q4tp rows of at most 128 groups: two lane
+// segments of a warp hold an output's gate and up rows).
+func MoEGLUFits(d quant.DType, cols int) bool {
+	return d == quant.Q4TP && cols%32 == 0 && cols/32 <= 128
+}
+
 // MoEMatvecShared is the dynamic shared memory of mv_moe_* over nx
 // activation rows of cols.
 func MoEMatvecShared(cols, nx int) int { return MatvecShared(cols, nx) }
@@ -1242,14 +1257,20 @@ func MoEMatvecSharedFor(d quant.DType, cols, nx int) int {
 func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro, sms int) ([]call, error) {
 	fam := MoEExpertFamily(d)
 	nx := nslot / max(k, 1)
-	if xmode != 0 {
+	if xmode == MoEXSlot {
 		nx = nslot
+	}
+	out := nmat * rowsE
+	if xmode == MoEXGLU {
+		out = rowsE
 	}
 	switch {
 	case fam == "":
 		return nil, fmt.Errorf("kern: no expert matvec for %s", d)
+	case xmode == MoEXGLU && (nmat != 2 || !MoEGLUFits(d, cols)):
+		return nil, fmt.Errorf("kern: expert matvec %s with the SwiGLU epilogue over %d matrices of %d columns", d, nmat, cols)
 	case k < 1 || nslot < 1 || nslot%k != 0 || (quantizedActs(d) && nx > 64) || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
-		E < 1 || nmat < 1 || nmat > 2 || ldy < nmat*rowsE:
+		E < 1 || nmat < 1 || nmat > 2 || xmode < MoEXRow || xmode > MoEXGLU || ldy < out:
 		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d × %d×%d of %d experts, prologue %d", d, nslot, k, nmat, rowsE, cols, E, pro)
 	}
 	a := new(driver.Args).Ptr(table).Int(E).Int(nmat).Ptr(ids).Int(nslot).Int(k).Int(rowsE).Int(cols).Ptr(x).Int(ldx).Int(xoff).Int(xmode).
@@ -1261,7 +1282,8 @@ func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, ro
 // nslot slots of top-k routing and nmat matrices (1, or 2: gate and up
 // together) of E experts each, W_{m,e} at table[m·E + e]: xmode 0 shares
 // row s/k's activations among a row's slots, xmode 1 uses row s (pro
-// kern.ProSilu: silu(x)·x[xoff:]).
+// kern.ProSilu: silu(x)·x[xoff:]), xmode 2 (MoEXGLU) is xmode 0 writing
+// y[s][o] = silu(gate)·up instead of both products.
 func (l *Launcher) MoEMatvec(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, rowsE, cols int, x Ptr, ldx, xoff, xmode int, y Ptr, ldy, pro int) error {
 	return l.run(moeMatvecCalls(d, table, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, l.M.SMs))
 }
@@ -1342,9 +1364,10 @@ func MoEDownCombineGrid(R, rowsE, sms int) driver.Dim3 {
 
 // MoEDownCombineArgs are mv_moe_dc_*'s operands: Table the E experts'
 // down matrices (rowsE×cols each), IDs/W8 the routing of NSlot = R·K
-// slots, X the slots' gate|up rows (Ldx apart, up at Xoff, ProSilu), Y the
-// residual rows (Ldy apart) added to, YS/G the shared expert's output rows
-// (Ldy apart) and gate logits (0: none).
+// slots, X the slots' gate|up rows (Ldx apart, up at Xoff, ProSilu; with
+// GLU their SwiGLU products already, mv_moe_*'s MoEXGLU rows: ProPlain), Y
+// the residual rows (Ldy apart) added to, YS/G the shared expert's output
+// rows (Ldy apart) and gate logits (0: none).
 type MoEDownCombineArgs struct {
 	Table                Ptr
 	E                    int
@@ -1352,6 +1375,7 @@ type MoEDownCombineArgs struct {
 	NSlot, K, Rows, Cols int
 	X                    Ptr
 	Ldx, Xoff            int
+	GLU                  bool
 	Y                    Ptr
 	Ldy                  int
 	W8, YS, G            Ptr
@@ -1369,8 +1393,12 @@ func (m MoEDownCombineArgs) Check(d quant.DType) error {
 
 // Pack appends mv_moe_dc_*'s parameters to a.
 func (m MoEDownCombineArgs) Pack(a *driver.Args) *driver.Args {
+	pro := ProSilu
+	if m.GLU {
+		pro = ProPlain
+	}
 	return a.Ptr(m.Table).Int(m.E).Ptr(m.IDs).Int(m.NSlot).Int(m.K).Int(m.Rows).Int(m.Cols).Ptr(m.X).Int(m.Ldx).Int(m.Xoff).
-		Int(ProSilu).Ptr(m.Y).Int(m.Ldy).Ptr(m.W8).Ptr(m.YS).Ptr(m.G)
+		Int(pro).Ptr(m.Y).Int(m.Ldy).Ptr(m.W8).Ptr(m.YS).Ptr(m.G)
 }
 
 func moeDownCombineCalls(d quant.DType, m MoEDownCombineArgs, sms int) ([]call, error) {

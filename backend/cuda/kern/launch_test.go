@@ -374,3 +374,36 @@ func TestAttnMMAFits(t *testing.T) {
 		t.Errorf("AttnMMAVariant(128, w4) = %s, %d warps, %d bytes", name, w, sh)
 	}
 }
+
+// mv_moe_*'s SwiGLU epilogue (MoEXGLU) is packed only where the kernel
+// takes it: q4tp gate|up (nmat 2) of at most 128 groups a row, y rows of
+// at least rowsE; the other modes keep their checks.
+func TestMoEGLUCalls(t *testing.T) {
+	for _, c := range []struct {
+		d               quant.DType
+		nmat, cols, ldy int
+		xmode           int
+		ok              bool
+	}{
+		{quant.Q4TP, 2, 2048, 768, MoEXGLU, true},
+		{quant.Q4TP, 2, 4096, 768, MoEXGLU, true},
+		{quant.Q4TP, 2, 4128, 768, MoEXGLU, false}, // 129 groups: one segment a warp
+		{quant.Q4TP, 1, 2048, 768, MoEXGLU, false},
+		{quant.Q8Row, 2, 2048, 768, MoEXGLU, false},
+		{quant.Q4TP, 2, 2048, 767, MoEXGLU, false},
+		{quant.Q4TP, 2, 2048, 768, MoEXRow, false}, // both products need 2·rowsE
+		{quant.Q4TP, 2, 2048, 1536, MoEXRow, true},
+		{quant.Q4TP, 2, 2048, 1536, 3, false},
+	} {
+		calls, err := moeMatvecCalls(c.d, 1<<20, 8, c.nmat, 2<<20, 8, 8, 768, c.cols, 3<<20, c.cols, 0, c.xmode, 4<<20, c.ldy, ProPlain, 132)
+		if (err == nil) != c.ok {
+			t.Fatalf("%s nmat %d cols %d ldy %d xmode %d: error %v, want ok %v", c.d, c.nmat, c.cols, c.ldy, c.xmode, err, c.ok)
+		}
+		if err == nil && (len(calls) != 1 || calls[0].name != "mv_moe_"+MoEExpertFamily(c.d)) {
+			t.Fatalf("%s xmode %d: calls %v", c.d, c.xmode, calls)
+		}
+	}
+	if MoEGLUFits(quant.Q4TP, 2050) || !MoEGLUFits(quant.Q4TP, 32) {
+		t.Fatal("MoEGLUFits: rows of whole groups up to 128 groups")
+	}
+}

@@ -343,7 +343,11 @@ GEMMQ_MOE(q4tp, GemmQQ4TP)
 // in one launch) and row o of rowsE, W_{m,e} at table[m·E + e] (each
 // expert a rowsE×cols tensor as CMF stores it). xrow(s) = s / k (xmode 0:
 // the gate/up products share their row's activations) or s (xmode 1: the
-// down product of each slot's own SwiGLU). The prologue (pro as mq_*)
+// down product of each slot's own SwiGLU). xmode 2 (q4tp, nmat 2,
+// q4s_lanes(nb) ≤ 16: kern.MoEGLUFits) is xmode 0 with the SwiGLU in the
+// epilogue: y[s][o] = silu(gate)·up, g / (1 + expf(−g))·u as
+// moe_prologue's ProSilu computes it (bitwise), the gate and up rows of an
+// (s, o) taken by two neighbouring segments. The prologue (pro as mq_*)
 // quantizes the nx activation rows once a block. q4tp: a segment of
 // q4s_lanes(nb) lanes a row (matvec.cu's q4s_row), 32 / that many rows a
 // warp at once; q8_row: a warp a row, MOE_RPW rows at once (their loads in
@@ -517,23 +521,33 @@ __device__ __forceinline__ const uint8_t* const* moe_table_load(const uint8_t* c
 // MOE_RPW).
 #define MOE_PF_ROWS 16
 __device__ __forceinline__ void moe_gu_prefetch_q4(const uint8_t* const* __restrict__ table, int E, int nmat,
-                                                   const int* __restrict__ ids, int nslot, int rowsE, int nb) {
+                                                   const int* __restrict__ ids, int nslot, int rowsE, int nb, bool glu) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int RW = 32 / q4s_lanes(nb), gw = blockIdx.x * nwarps + warp, GW = gridDim.x * nwarps;
   const int per = nmat * rowsE, N = nslot * per;
   for (int i = lane / 4; i < MOE_PF_ROWS; i += 8) {
-    const int v = (gw + (i / RW) * GW) * RW + i % RW;
-    if (v >= N) break;
-    const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
+    int s, m, o;
+    if (glu) {  // xmode 2: output (gw + pass·GW)·RW/2 + seg/2, matrix seg % 2
+      const int sg = i % RW, pr = (gw + (i / RW) * GW) * (RW / 2) + sg / 2;
+      if (pr >= nslot * rowsE) break;
+      s = pr / rowsE, o = pr - s * rowsE, m = sg & 1;
+    } else {
+      const int v = (gw + (i / RW) * GW) * RW + i % RW;
+      if (v >= N) break;
+      s = v / per;
+      const int rem = v - s * per;
+      m = rem / rowsE, o = rem - m * rowsE;
+    }
+    const int e = ids[s];
     if (e >= 0) q4_prefetch_part(table[(size_t)m * E + e], rowsE, nb, o, lane & 3, 4);
   }
 }
 
 template <bool Q4>
 __device__ __forceinline__ void moe_gu_prefetch(const uint8_t* const* __restrict__ table, int E, int nmat,
-                                                const int* __restrict__ ids, int nslot, int rowsE, int cols) {
+                                                const int* __restrict__ ids, int nslot, int rowsE, int cols, int xmode) {
   if (Q4) {
-    moe_gu_prefetch_q4(table, E, nmat, ids, nslot, rowsE, cols / 32);
+    moe_gu_prefetch_q4(table, E, nmat, ids, nslot, rowsE, cols / 32, xmode == 2 && q4s_lanes(cols / 32) <= 16);
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -545,17 +559,31 @@ __device__ __forceinline__ void moe_gu_prefetch(const uint8_t* const* __restrict
   }
 }
 
-// mv_moe's q4tp products: RW rows a warp a pass, one a segment.
+// mv_moe's q4tp products: RW rows a warp a pass, one a segment (xmode 2:
+// RW / 2 outputs a pass, the gate row in the even segment, the up row in
+// the odd one).
 template <int L>
 __device__ __forceinline__ void moe_gu_rows_q4(MOE_PARAMS, int nb, int ps, const int8_t* xq, const int2* xds) {
   constexpr int RW = 32 / L;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, seg = lane / L;
+  if (RW >= 2 && xmode == 2) {
+    const int N2 = nslot * rowsE;
+    for (int p0 = (blockIdx.x * nwarps + warp) * (RW / 2); p0 < N2; p0 += gridDim.x * nwarps * (RW / 2)) {  // warp-uniform
+      const int p = p0 + (seg >> 1), pc = min(p, N2 - 1), m = seg & 1;
+      const int s = pc / rowsE, o = pc - s * rowsE, e = ids[s];
+      const bool ok = p < N2 && e >= 0;
+      const float a = q4s_row<L>(table[(size_t)m * E + (e < 0 ? 0 : e)], rowsE, nb, o, ok, s / k, ps, xq, xds);
+      const float u = __shfl_xor_sync(FULL_MASK, a, L);  // the odd segment's sum: up
+      if ((lane & (2 * L - 1)) == 0 && p < N2) y[(size_t)s * ldy + o] = ok ? a / (1.0f + expf(-a)) * u : 0.0f;
+    }
+    return;
+  }
   const int per = nmat * rowsE, N = nslot * per;
   for (int v0 = (blockIdx.x * nwarps + warp) * RW; v0 < N; v0 += gridDim.x * nwarps * RW) {  // warp-uniform
     const int v = v0 + seg, vc = min(v, N - 1);
     const int s = vc / per, rem = vc - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
     const bool ok = v < N && e >= 0;  // no expert (cannot happen for E >= 1): zeros, not a wild read
-    const float a = q4s_row<L>(table[(size_t)m * E + (e < 0 ? 0 : e)], rowsE, nb, o, ok, xmode ? s : s / k, ps, xq, xds);
+    const float a = q4s_row<L>(table[(size_t)m * E + (e < 0 ? 0 : e)], rowsE, nb, o, ok, xmode == 1 ? s : s / k, ps, xq, xds);
     if ((lane & (L - 1)) == 0 && v < N) y[(size_t)s * ldy + (size_t)m * rowsE + o] = ok ? a : 0.0f;
   }
 }
@@ -575,7 +603,7 @@ __device__ __forceinline__ void moe_gu_rows_q8(MOE_PARAMS, int nb, int ps, const
       const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
       ok[u] = v0 + u < N && e >= 0;  // no expert (cannot happen for E >= 1): zeros, not a wild read
       Wr[u] = table[(size_t)m * E + (e < 0 ? 0 : e)];
-      xr[u] = xmode ? s : s / k;
+      xr[u] = xmode == 1 ? s : s / k;
       orow[u] = o;
       yo[u] = (size_t)s * ldy + (size_t)m * rowsE + o;
     }
@@ -589,7 +617,7 @@ __device__ __forceinline__ void moe_gu_rows_q8(MOE_PARAMS, int nb, int ps, const
 
 template <bool Q4, bool CG = false>
 __device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
-  const int nb = (cols + 31) / 32, ps = mq_plane(nb), nx = xmode ? nslot : nslot / k;
+  const int nb = (cols + 31) / 32, ps = mq_plane(nb), nx = xmode == 1 ? nslot : nslot / k;
   int8_t* xq = (int8_t*)smem;
   int2* xds = (int2*)(smem + (size_t)nx * 2 * ps);
   moe_prologue<Q4, CG>(x, ldx, xoff, cols, nb, ps, nx, pro, nw, eps, xq, xds);
@@ -613,7 +641,7 @@ __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   const uint8_t* const* tb = moe_table_load(table, E * nmat, tab);
   pdl_wait();  // ids come from moe_route
   __syncthreads();  // tab
-  moe_gu_prefetch<Q4>(tb, E, nmat, ids, nslot, rowsE, cols);
+  moe_gu_prefetch<Q4>(tb, E, nmat, ids, nslot, rowsE, cols, xmode);
   moe_gu_body<Q4>(tb, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps, mq_smem);
 }
 
@@ -791,7 +819,7 @@ __device__ __forceinline__ void mv_moe_ff(MOE_FF_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   pdl_trigger();
   pdl_wait();  // the routing and x come from moe_router_f32
-  moe_gu_prefetch<Q4>(tgu, E, 2, ids, nslot, I, H);
+  moe_gu_prefetch<Q4>(tgu, E, 2, ids, nslot, I, H, 0);
   moe_dc_prefetch<Q4>(td, ids, nslot, k, H, I);
   moe_gu_body<Q4>(tgu, E, 2, ids, nslot, k, I, H, x, ldx, 0, 0, gu, ldgu, MQ_PLAIN, nullptr, 0.0f, mq_smem);
   grid_barrier(bar);
@@ -817,7 +845,7 @@ __device__ __forceinline__ void mv_moe_float(MOE_PARAMS) {
   for (int v = blockIdx.x * nwarps + warp; v < N; v += gridDim.x * nwarps) {  // warp-uniform
     const int s = v / per, rem = v - s * per, m = rem / rowsE, o = rem - m * rowsE, e = ids[s];
     const uint8_t* row = table[(size_t)m * E + (e < 0 ? 0 : e)] + (size_t)o * rb;
-    const float* xp = x + (size_t)(xmode ? s : s / k) * ldx;
+    const float* xp = x + (size_t)(xmode == 1 ? s : s / k) * ldx;
     float acc = 0.0f;
     if (aligned16(row) && rb % 16 == 0) {
       for (int c = lane; c < nch; c += 32) {

@@ -82,12 +82,106 @@ __device__ __forceinline__ void head_norm(float* xh, int hd, const float* __rest
 // RMS-normalised in place as head_rmsnorm does (Qwen3's q/k norms: one
 // weight vector of hd, eps and one_plus shared by both). Launch: grid
 // (nq + nkv, R), block 64.
+//
+// Heads of up to ROPE_MAXHD dimensions (blocks of 64 threads) take one
+// round of loads: the norm weight and the frequencies before pdl_wait
+// (they do not depend on the previous launch), the head (and v) into
+// shared memory after it; the norm, the rotation and the append then work
+// there, with head_norm's, rope_head's and kv_write's arithmetic (the same
+// bits), and the head is written back in place.
+#define ROPE_MAXHD 256
+#define ROPE_T 64
+template <typename C>
+__device__ __forceinline__ void rope_qk_append_fast(float* qkv, int ld, int nq, int nkv, int hd, int rot,
+                                                    const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
+                                                    const int* __restrict__ slot, C* kc, C* vc, int ctx,
+                                                    const float* __restrict__ qw, const float* __restrict__ kw, float eps,
+                                                    int one_plus) {
+  constexpr int NE = ROPE_MAXHD / ROPE_T;  // elements a thread
+  __shared__ float xs[ROPE_MAXHD], vs[ROPE_MAXHD];
+  __shared__ float ninv;
+  const int tid = threadIdx.x, r = blockIdx.y, h = blockIdx.x, half = rot / 2;
+  const bool isq = h < nq;
+  const float* nwp = isq ? qw : kw;
+  float wv[NE], fr[NE / 2];
+#pragma unroll
+  for (int u = 0; u < NE; u++) {
+    const int i = tid + ROPE_T * u;
+    wv[u] = nwp && i < hd ? nwp[i] : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < NE / 2; u++) {
+    const int i = tid + ROPE_T * u;
+    fr[u] = i < half ? inv[i] : 0.0f;
+  }
+  pdl_trigger();
+  pdl_wait();
+  const int t = pos[r];
+  float* row = qkv + (size_t)r * ld;
+  float* xh = row + (size_t)(isq ? h : nq + (h - nq)) * hd;
+  const float* vh = row + (size_t)(nq + nkv + (h - nq)) * hd;
+#pragma unroll
+  for (int u = 0; u < NE; u++) {
+    const int i = tid + ROPE_T * u;
+    if (i < hd) {
+      xs[i] = xh[i];
+      if (!isq) vs[i] = vh[i];
+    }
+  }
+  __syncthreads();
+  if (nwp) {
+    if (tid < 32) {  // head_norm's order: lanes over i, i + 32, ..., then the warp's tree
+      double ss = 0.0;
+      for (int i = tid; i < hd; i += 32) ss += (double)xs[i] * (double)xs[i];
+      ss = warp_sum_d(ss);
+      if (tid == 0) ninv = rms_inv(ss, hd, eps);
+    }
+    __syncthreads();
+    const float v = ninv;
+#pragma unroll
+    for (int u = 0; u < NE; u++) {
+      const int i = tid + ROPE_T * u;
+      if (i < hd) xs[i] = rms_apply(xs[i], v, wv[u], one_plus);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int u = 0; u < NE / 2; u++) {  // rope_head's arithmetic
+    const int i = tid + ROPE_T * u;
+    if (i >= half) continue;
+    const float ang = __fmul_rn((float)t, fr[u]);
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float c = __fmul_rn((float)cd, mscale), sn = __fmul_rn((float)sd, mscale);
+    const float a = xs[i], b = xs[i + half];
+    xs[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+    xs[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
+  }
+  __syncthreads();
+  const bool app = !isq && t >= 0 && t < ctx;
+  const size_t base = app ? (((size_t)slot[r] * nkv + (h - nq)) * ctx + t) * hd : 0;
+#pragma unroll
+  for (int u = 0; u < NE; u++) {
+    const int i = tid + ROPE_T * u;
+    if (i >= hd) continue;
+    if (nwp || i < 2 * half) xh[i] = xs[i];  // in place: what changed (normed heads: all of it)
+    if (app) {
+      kc[base + i] = kv_elem(xs[i], kc);
+      vc[base + i] = kv_elem(vs[i], vc);
+    }
+  }
+}
+
 template <typename C>
 __device__ __forceinline__ void rope_qk_append_body(float* qkv, int ld, int nq, int nkv, int hd, int rot,
                                                     const float* __restrict__ inv, float mscale, const int* __restrict__ pos,
                                                     const int* __restrict__ slot, C* kc, C* vc, int ctx,
                                                     const float* __restrict__ qw, const float* __restrict__ kw, float eps,
                                                     int one_plus) {
+  if (hd <= ROPE_MAXHD && blockDim.x == ROPE_T) {
+    rope_qk_append_fast(qkv, ld, nq, nkv, hd, rot, inv, mscale, pos, slot, kc, vc, ctx, qw, kw, eps, one_plus);
+    return;
+  }
   pdl_trigger();
   pdl_wait();
   const int r = blockIdx.y, h = blockIdx.x, t = pos[r];
