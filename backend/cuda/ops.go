@@ -63,8 +63,10 @@ func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error 
 	// next GEMM's early blocks would hold multiprocessors the current one
 	// needs (measured: pp512 1531 vs 1830 tok/s on an H200; tg128 308 vs 280).
 	cfg.Stream, cfg.PDL = g.d.strm, g.d.opt.PDL && g.d.st != nil && g.d.st.rows <= max(g.d.opt.PDLRows, 1)
-	if cfg.Shared > 48<<10 && g.d.optin[name] < cfg.Shared {
-		// Dynamic shared memory beyond 48 KB needs the kernel's opt-in.
+	if cfg.Shared > 0 && g.d.optin[name] < cfg.Shared {
+		// Dynamic and static shared memory beyond 48 KB together need the
+		// kernel's opt-in; static sizes reach 17 KB (mv_moe_*'s expert
+		// table), so any dynamic size asks for it (once a kernel and size).
 		fn, err := g.d.mod.Func(name)
 		if err != nil {
 			return err

@@ -97,7 +97,7 @@ func (l *Launcher) run(cs []call, err error) error {
 	}
 	for _, k := range cs {
 		k.cfg.Stream, k.cfg.PDL = l.Stream, l.PDL
-		if k.cfg.Shared > 48<<10 {
+		if k.cfg.Shared > 0 { // static + dynamic beyond 48 KB needs the opt-in (Module.OptIn calls the driver once a size)
 			if err := l.M.OptIn(l.C, k.name, k.cfg.Shared); err != nil {
 				return err
 			}

@@ -23,15 +23,15 @@ type Module struct {
 	ClusterCapsErr error
 	mod            driver.Module
 	funcs          map[string]driver.Func
-	// optin: the dynamic shared memory each kernel was let use beyond 48 KB
+	// optin: the dynamic shared memory each kernel was let use
 	// (cuFuncSetAttribute once per kernel and size, not per launch).
 	mu    sync.Mutex
 	optin map[string]int
 }
 
 // OptIn lets kernel name launch with n bytes of dynamic shared memory
-// (needed beyond 48 KB); it calls the driver only when n exceeds what the
-// kernel was already let use.
+// (needed where they and its static shared memory pass 48 KB); it calls
+// the driver only when n exceeds what the kernel was already let use.
 func (m *Module) OptIn(c *driver.Ctx, name string, n int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
