@@ -1218,8 +1218,9 @@ func MoEGLUFits(d quant.DType, cols int) bool {
 func MoEMatvecShared(cols, nx int) int { return MatvecShared(cols, nx) }
 
 // MoEMatvecGrid is the grid of mv_moe_* over nslot slots × nmat
-// matrices of rowsE rows: a block's 16 warps take 2 rows each a pass, at
-// most one block per multiprocessor.
+// matrices of rowsE rows: a block's 16 warps take 2 rows each a pass (q4tp:
+// 32/q4s_lanes rows, one a lane segment), at most one block per
+// multiprocessor.
 func MoEMatvecGrid(nslot, nmat, rowsE, sms int) driver.Dim3 {
 	if sms <= 0 {
 		sms = DefaultSMs
