@@ -219,6 +219,49 @@ func TestGPURopeQKNorm(t *testing.T) {
 	}
 }
 
+// moeFFCase is one decode step's expert FFN on the device: E experts'
+// gate|up table ([gate E | up E], I×H each) and down table (H×I) of
+// format dt, top-k routing of R rows (moeRouting's weights at scale ws),
+// the normalised rows xb, the residual y0, and with shared the shared
+// expert's rows and gate logits (else 0).
+type moeFFCase struct {
+	dt                          quant.DType
+	E, k, R, H, I               int
+	tgu, td, ids, w, xb, ys, sg kern.Ptr
+	y0                          []float32
+}
+
+func newMoEFFCase(g *gpu, r *rng, dt quant.DType, E, k, R, H, I int, shared bool, ws int) moeFFCase {
+	tgu, td := make([]byte, 16*E), make([]byte, 8*E)
+	for e := range E {
+		binary.LittleEndian.PutUint64(tgu[8*e:], uint64(g.randomMat(r, dt, I, H)))
+		binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(g.randomMat(r, dt, I, H)))
+		binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(r, dt, H, I)))
+	}
+	ids, wv := moeRouting(r, R, k, E, ws)
+	xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
+	ys, sg := r.vec(R*H, 1), r.vec(R, 1)
+	f := moeFFCase{dt: dt, E: E, k: k, R: R, H: H, I: I, tgu: g.upload(tgu), td: g.upload(td), ids: g.i32(ids), w: g.f32(wv), xb: g.f32(xb), y0: y0}
+	if shared {
+		f.ys, f.sg = g.f32(ys), g.f32(sg)
+	}
+	return f
+}
+
+// unfused runs the default two launches (mv_moe_* gate|up, xmode 0, then
+// mv_moe_dc_* with its SiLU prologue) and returns the gate|up rows and the
+// residual after them.
+func (f moeFFCase) unfused(g *gpu) (gu, y []float32) {
+	E, k, R, H, I := f.E, f.k, f.R, f.H, f.I
+	dgu, dy := g.zeros(R*k*2*I), g.f32(f.y0)
+	g.run(func(l *kern.Launcher) error {
+		return errorsJoin(l.MoEMatvec(f.dt, f.tgu, E, 2, f.ids, R*k, k, I, H, f.xb, H, 0, kern.MoEXRow, dgu, 2*I, kern.ProPlain),
+			l.MoEDownCombine(f.dt, kern.MoEDownCombineArgs{Table: f.td, E: E, IDs: f.ids, NSlot: R * k, K: k, Rows: H, Cols: I,
+				X: dgu, Ldx: 2 * I, Xoff: I, Y: dy, Ldy: H, W8: f.w, YS: f.ys, G: f.sg}))
+	})
+	return g.readF32(dgu, R*k*2*I), g.readF32(dy, R*H)
+}
+
 // TestGPUMoEFF: mv_moe_ff_* (a decode step's expert FFN in one launch:
 // gate|up, a grid barrier, down and combine) against mv_moe_* (gate|up,
 // xmode 0) then mv_moe_dc_* on the same inputs, q8_row and q4tp, bitwise:
@@ -235,27 +278,9 @@ func TestGPUMoEFF(t *testing.T) {
 			shared        bool
 		}{{8, 8, 1, 1024, 384, false}, {16, 10, 3, 256, 96, true}, {8, 8, 8, 128, 64, true}} {
 			E, k, R, H, I := c.E, c.k, c.R, c.H, c.I
-			tgu, td := make([]byte, 16*E), make([]byte, 8*E)
-			for e := range E {
-				binary.LittleEndian.PutUint64(tgu[8*e:], uint64(g.randomMat(&r, dt, I, H)))
-				binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(g.randomMat(&r, dt, I, H)))
-				binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(&r, dt, H, I)))
-			}
-			ids, wv := moeRouting(&r, R, k, E, 3)
-			xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
-			ys, sg := r.vec(R*H, 1), r.vec(R, 1)
-			dtgu, dtd, dids, dw, dxb := g.upload(tgu), g.upload(td), g.i32(ids), g.f32(wv), g.f32(xb)
-			var dys, dsg kern.Ptr
-			if c.shared {
-				dys, dsg = g.f32(ys), g.f32(sg)
-			}
-			gu1, y1 := g.zeros(R*k*2*I), g.f32(y0)
-			g.run(func(l *kern.Launcher) error {
-				return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, 0, gu1, 2*I, kern.ProPlain),
-					l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
-						X: gu1, Ldx: 2 * I, Xoff: I, Y: y1, Ldy: H, W8: dw, YS: dys, G: dsg}))
-			})
-			wantGU, wantY := g.readF32(gu1, R*k*2*I), g.readF32(y1, R*H)
+			f := newMoEFFCase(g, &r, dt, E, k, R, H, I, c.shared, 3)
+			dtgu, dtd, dids, dw, dxb, dys, dsg, y0 := f.tgu, f.td, f.ids, f.w, f.xb, f.ys, f.sg, f.y0
+			wantGU, wantY := f.unfused(g)
 			bar := g.zeros(2)
 			for rep := range 3 {
 				gu2, y2 := g.zeros(R*k*2*I), g.f32(y0)
@@ -305,46 +330,29 @@ func TestGPUMoEGLU(t *testing.T) {
 		if !kern.MoEGLUFits(dt, H) {
 			t.Fatalf("H %d: MoEGLUFits false", H)
 		}
-		tgu, td := make([]byte, 16*E), make([]byte, 8*E)
-		for e := range E {
-			binary.LittleEndian.PutUint64(tgu[8*e:], uint64(g.randomMat(&r, dt, I, H)))
-			binary.LittleEndian.PutUint64(tgu[8*(E+e):], uint64(g.randomMat(&r, dt, I, H)))
-			binary.LittleEndian.PutUint64(td[8*e:], uint64(g.randomMat(&r, dt, H, I)))
-		}
-		ids, wv := moeRouting(&r, R, k, E, 5)
-		xb, y0 := r.vec(R*H, 1), r.vec(R*H, 1)
-		ys, sg := r.vec(R*H, 1), r.vec(R, 1)
-		dtgu, dtd, dids, dw, dxb := g.upload(tgu), g.upload(td), g.i32(ids), g.f32(wv), g.f32(xb)
-		var dys, dsg kern.Ptr
-		if c.shared {
-			dys, dsg = g.f32(ys), g.f32(sg)
-		}
-		gu, y1 := g.zeros(R*k*2*I), g.f32(y0)
-		g.run(func(l *kern.Launcher) error {
-			return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, kern.MoEXRow, gu, 2*I, kern.ProPlain),
-				l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
-					X: gu, Ldx: 2 * I, Xoff: I, Y: y1, Ldy: H, W8: dw, YS: dys, G: dsg}))
-		})
-		h, y2 := g.zeros(R*k*I), g.f32(y0)
+		f := newMoEFFCase(g, &r, dt, E, k, R, H, I, c.shared, 5)
+		dtgu, dtd, dids, dw, dxb, dys, dsg := f.tgu, f.td, f.ids, f.w, f.xb, f.ys, f.sg
+		gotGU, wantY := f.unfused(g)
+		h, y2 := g.zeros(R*k*I), g.f32(f.y0)
 		g.run(func(l *kern.Launcher) error {
 			return errorsJoin(l.MoEMatvec(dt, dtgu, E, 2, dids, R*k, k, I, H, dxb, H, 0, kern.MoEXGLU, h, I, kern.ProPlain),
 				l.MoEDownCombine(dt, kern.MoEDownCombineArgs{Table: dtd, E: E, IDs: dids, NSlot: R * k, K: k, Rows: H, Cols: I,
 					X: h, Ldx: I, GLU: true, Y: y2, Ldy: H, W8: dw, YS: dys, G: dsg}))
 		})
-		gotGU, gotH := g.readF32(gu, R*k*2*I), g.readF32(h, R*k*I)
+		gotH := g.readF32(h, R*k*I)
 		for s := range R * k {
 			for o := range I {
 				gv, uv := float64(gotGU[s*2*I+o]), float64(gotGU[s*2*I+I+o])
-				want := gv / (1 + math.Exp(-gv)) * uv
-				if d := math.Abs(float64(gotH[s*I+o]) - want); d > 1e-6*math.Abs(want)+1e-30 {
-					t.Fatalf("E %d k %d R %d H %d: h[%d][%d] %g, silu(gate)·up of the gate|up rows %g", E, k, R, H, s, o, gotH[s*I+o], want)
+				hw := gv / (1 + math.Exp(-gv)) * uv
+				if d := math.Abs(float64(gotH[s*I+o]) - hw); d > 1e-6*math.Abs(hw)+1e-30 {
+					t.Fatalf("E %d k %d R %d H %d: h[%d][%d] %g, silu(gate)·up of the gate|up rows %g", E, k, R, H, s, o, gotH[s*I+o], hw)
 				}
 			}
 		}
-		want, got := g.readF32(y1, R*H), g.readF32(y2, R*H)
-		for i := range want {
-			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
-				t.Fatalf("E %d k %d R %d H %d: y[%d] %g over the SwiGLU rows, %g with the down launch's SiLU", E, k, R, H, i, got[i], want[i])
+		got := g.readF32(y2, R*H)
+		for i := range wantY {
+			if math.Float32bits(wantY[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("E %d k %d R %d H %d: y[%d] %g over the SwiGLU rows, %g with the down launch's SiLU", E, k, R, H, i, got[i], wantY[i])
 			}
 		}
 		t.Logf("q4tp experts %d×%d top %d of %d, %d rows, shared %v: SwiGLU epilogue, down bitwise the unfused prologue's", I, H, k, E, R, c.shared)
