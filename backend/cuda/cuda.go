@@ -102,10 +102,11 @@ type Options struct {
 	// than the int8 quants, but not the CPU's rule) instead of the int8
 	// wide tiles, whose results equal the CPU's to float32 rounding.
 	F16Wide bool
-	// NoAttnMMA keeps those half-GEMM steps' attention on attn_tiles_h
-	// (CUDA cores, q and the weights in f32) instead of the tensor-core
-	// attn_mma_h (q·scale and the softmax weights rounded to f16; hd 64 or
-	// 128). CORTIQ_CUDA_ATTN=tiles sets it (an experiment's switch).
+	// NoAttnMMA keeps those half-GEMM steps' attention, and that of
+	// prefill chunks of more than 64 rows over a quantized o_proj, on
+	// attn_tiles_h (CUDA cores, q and the weights in f32) instead of the
+	// tensor-core attn_mma_h (q·scale and the softmax weights rounded to
+	// f16; hd 64 or 128). CORTIQ_CUDA_ATTN=tiles sets it.
 	NoAttnMMA bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.

@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -357,5 +358,52 @@ func TestGPUMMQParity(t *testing.T) {
 	}
 	if ran == 0 {
 		t.Fatal("no quantized case ran")
+	}
+}
+
+// TestGPUPrefillAttentionMMA: a 100-row prefill chunk over quantized
+// weights with the float16 cache runs its attention on attn_mma_h (the
+// fake's TestPrefillChunksTakeAttnMMA checks the choice): heads of 64 and
+// 128 dimensions, q8_row and q4tp, the chunk then two decode steps, within
+// TestGPUParityKVF16's 1e-4 of the CPU's float32 cache, and within 1e-4 of
+// the same device on attn_tiles_h (Options.NoAttnMMA).
+func TestGPUPrefillAttentionMMA(t *testing.T) {
+	var base backendtest.Case
+	for _, c := range backendtest.Cases() {
+		if c.Name == "attention/q4tp/hd64" {
+			base = c
+		}
+	}
+	if base.Name == "" {
+		t.Fatal("no attention/q4tp/hd64 case in backendtest.Cases")
+	}
+	mma := open(t, cuda.Options{Seqs: 1, Ctx: 128, MaxRows: 128, KVF16: true})
+	tiles := open(t, cuda.Options{Seqs: 1, Ctx: 128, MaxRows: 128, KVF16: true, NoAttnMMA: true})
+	c := cpu.New(2)
+	defer c.Close()
+	sched := []backendtest.Step{{{0, 100}}, {{0, 1}}, {{0, 1}}}
+	for _, hd := range []int{64, 128} {
+		for _, dt := range []quant.DType{quant.Q8Row, quant.Q4TP} {
+			k := base
+			k.HeadDim, k.Rope.HeadDim, k.DType = hd, hd, dt
+			k.Name = fmt.Sprintf("attention/%s/hd%d", dt, hd)
+			got, err := backendtest.Run(mma, k, sched, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			alt, err := backendtest.Run(tiles, k, sched, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := backendtest.Run(c, k, sched, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ec, et := backendtest.NMSE(got, want), backendtest.NMSE(got, alt)
+			t.Logf("%s: NMSE %.3g against the CPU, %.3g against attn_tiles_h (which is %.3g from the CPU)", k.Name, ec, et, backendtest.NMSE(alt, want))
+			if ec > 1e-4 || et > 1e-4 || ec != ec || et != et {
+				t.Errorf("%s: NMSE %.3g against the CPU, %.3g against attn_tiles_h (tolerance 1e-4)", k.Name, ec, et)
+			}
+		}
 	}
 }

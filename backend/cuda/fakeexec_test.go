@@ -447,13 +447,13 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 		}
 		f.gemmParts(fam, g, xv)
-	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"):
+	case strings.HasPrefix(name, "mv_") && !strings.HasPrefix(name, "mv_moe_"), strings.HasPrefix(name, "gemm_"), strings.HasPrefix(name, "mm_"):
 		fam := strings.Split(name, "_")[1]
 		rows, cols, ldx, ldy := c.int(1), c.int(2), c.int(4), c.int(6)
 		var R int
 		var bias driver.DevicePtr
 		var acc bool
-		if name[0] == 'm' {
+		if strings.HasPrefix(name, "mv_") {
 			fmt.Sscanf(strings.Split(name, "_")[2], "r%d", &R)
 			bias, acc = c.ptr(7), c.int(8) != 0
 		} else {
@@ -1716,5 +1716,56 @@ func TestKVF16KeepsFloatModelsF32(t *testing.T) {
 	}
 	if !ran["attn_tiles"] || !ran["rope_qk_append"] || ran["attn_tiles_h"] || ran["rope_qk_append_h"] {
 		t.Fatalf("a float32 model with KVF16 launched %v, want the float32 cache's kernels", ran)
+	}
+}
+
+// TestPrefillChunksTakeAttnMMA: with the float16 cache, a step of more
+// than 64 rows over a quantized o_proj (a prefill chunk) runs its
+// attention on attn_mma_h; a step of 40 rows (the int8 wide tiles) and,
+// with Options.NoAttnMMA, the long one keep attn_tiles_h. Numerically
+// (the fake's model of both kernels) the logits of both paths agree with
+// the CPU's float32 cache within TestParitySuiteNumericOnFakeKVF16's 1e-4.
+func TestPrefillChunksTakeAttnMMA(t *testing.T) {
+	var k backendtest.Case
+	for _, c := range backendtest.Cases() {
+		if c.Name == "attention/q4tp/hd64" {
+			k = c
+		}
+	}
+	if k.Name == "" {
+		t.Fatal("no attention/q4tp/hd64 case in backendtest.Cases")
+	}
+	c := cpu.New(1)
+	defer c.Close()
+	for _, tc := range []struct {
+		rows  int
+		noMMA bool
+		want  string
+	}{{100, false, "attn_mma_h_d64"}, {40, false, "attn_tiles_h"}, {100, true, "attn_tiles_h"}} {
+		f := newFake(t, 1)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 1, Ctx: 128, MaxRows: 128, KVF16: true, NoAttnMMA: tc.noMMA})
+		sched := []backendtest.Step{{{0, tc.rows}}, {{0, 1}}}
+		got, err := backendtest.Run(d, k, sched, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := backendtest.Run(c, k, sched, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
+			t.Errorf("%d rows (NoAttnMMA %v): NMSE %.3g against the CPU", tc.rows, tc.noMMA, e)
+		}
+		var first string
+		for _, call := range f.calls {
+			if strings.HasPrefix(call.name, "attn_") {
+				first = call.name // the prefill step's attention comes first
+				break
+			}
+		}
+		if first != tc.want {
+			t.Errorf("%d rows (NoAttnMMA %v): the prefill's attention ran %q, want %s", tc.rows, tc.noMMA, first, tc.want)
+		}
 	}
 }

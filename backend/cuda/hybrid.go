@@ -190,7 +190,8 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 	perm4 := b2i(dt == quant.Q4TP)
 
 	st.a().Ptr(ids).Int(nslot).Int(E).Ptr(perm).Ptr(inv).Ptr(tileE).Int(ntile)
-	st.launch("moe_sort", driver.D1(1), driver.D1(1024), 0)
+	sg, sb := kern.MoESortLaunch(E)
+	st.launch("moe_sort", sg, sb, 0)
 	cfg := kern.ActQuantLaunch(H, R)
 	st.a().Ptr(xb).Int(H).Int(H).Ptr(xq).Ptr(xd).Int(perm4)
 	st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)

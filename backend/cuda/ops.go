@@ -830,17 +830,22 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 			X: x, Ldx: ldx, Y: y, Ldy: ldy, Accumulate: accumulate}, rows)
 		return
 	}
-	for r0 := 0; r0 < rows; r0 += maxMatvecRows {
-		R := min(maxMatvecRows, rows-r0)
-		name, cfg, err := kern.MatvecLaunch(m.dt, m.rows, m.cols, R, st.d.info.SMs)
-		if err != nil {
-			st.fail(fmt.Errorf("cuda: %w", err))
-			return
-		}
-		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x.Add(4 * int64(r0) * int64(ldx))).Int(ldx).
-			Ptr(y.Add(4 * int64(r0) * int64(ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
-		st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
+	if rows > maxMatvecRows {
+		// Float weights over many rows (a float32 router over a prefill
+		// chunk): the float32-exact product, the weights read once a tile
+		// rather than once every 8 rows.
+		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
+		name, grid, block := kern.FloatMatmulLaunch(m.dt, m.rows, rows)
+		st.launch(name, grid, block, 0)
+		return
 	}
+	name, cfg, err := kern.MatvecLaunch(m.dt, m.rows, m.cols, rows, st.d.info.SMs)
+	if err != nil {
+		st.fail(fmt.Errorf("cuda: %w", err))
+		return
+	}
+	st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(bias).Int(b2i(accumulate))
+	st.launch(name, cfg.Grid, cfg.Block, cfg.Shared)
 }
 
 // actPro is a prologue gemmq_actq_pro applies to the GEMM's input before
@@ -1242,9 +1247,15 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		}
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
-		if outh != 0 && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
-			// A half-GEMM step (its activations are f16 anyway): the
-			// tensor-core attention, same parameters and outputs.
+		// A half-GEMM step (its activations are f16 anyway) or a prefill
+		// chunk of more than 64 rows whose o_proj quantizes the output to
+		// int8 blocks next: the tensor-core attention, same parameters and
+		// outputs (pp512 of the 30B-A3B shape 8,862 → 10,924 tok/s on the
+		// H200; attn_tiles_h, a row a block on CUDA cores, took 302 µs a
+		// layer of it).
+		o := w.O.(*mat)
+		prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
+		if (outh != 0 || prefill) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
 			st.launch(kern.AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*kern.AttnMMAWarps(hd)), kern.AttnMMAShared(hd))
 		} else {
 			st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
@@ -1269,6 +1280,11 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	// x += o_proj(att) (+ bias): the residual add in the matvec's epilogue.
 	st.mv(w.O.(*mat), att, qd, x, H, ptrOf(w.BO), true, R)
 }
+
+// attnMMAPrefillRows: steps of more rows than this over a quantized
+// o_proj take attn_mma_h (the wide GEMM tiles' steps, up to 64 rows, take
+// it only with their f16 activations).
+const attnMMAPrefillRows = 64
 
 // headNorms returns the q/k norms rope_qk_append applies itself: both
 // (or the one present) when they share eps and centring, none under

@@ -591,6 +591,19 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
 		}
 		return errorsJoin(errs...)
+	case strings.HasPrefix(name, "mm_"):
+		rows, cols, ldx, ldy, T := c.int(1), c.int(2), c.int(4), c.int(6), c.int(7)
+		fam := strings.TrimPrefix(name, "mm_")
+		dt, ok := map[string]quant.DType{"f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16}[fam]
+		wn, wg, wb := kern.FloatMatmulLaunch(dt, rows, T)
+		errs := []error{want(ok && wn == name && g == wg && b == wb && c.cfg.Shared == 0, "shape"),
+			want(T > 8 && ldx >= cols && ldy >= rows, "ld"),
+			f.span("W", c.ptr(0), weightBytes(fam, rows, cols)),
+			f.span("X", c.ptr(3), rowsSpan(T, ldx, cols)), f.span("Y", c.ptr(5), rowsSpan(T, ldy, rows))}
+		if bias := c.ptr(8); bias != 0 {
+			errs = append(errs, f.span("bias", bias, 4*int64(rows)))
+		}
+		return errorsJoin(errs...)
 	case name == "q82f_prescale":
 		off, cols, ldx, ldxs, R := c.i64(1), c.int(2), c.int(4), c.int(6), int(g.Y)
 		return errorsJoin(want(int(g.X) == (cols+255)/256 && b.X == 256, "shape"), want(ldx >= cols && ldxs >= cols, "ld"),
@@ -721,7 +734,8 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(errs...)
 	case name == "moe_sort":
 		nslot, E, ntile := c.int(1), c.int(2), c.int(6)
-		return errorsJoin(want(g.X == 1 && b.X == 1024, "shape"),
+		sg, sb := kern.MoESortLaunch(E)
+		return errorsJoin(want(g == sg && b == sb, "shape"),
 			want(nslot >= 1 && nslot <= kern.MoEMaxSlots && E >= 1 && E <= kern.MoEMaxExperts && ntile >= kern.MoETiles(nslot, E), "sizes"),
 			f.span("ids", c.ptr(0), 4*int64(nslot)), f.span("perm", c.ptr(3), 4*int64(ntile*kern.MoETile)),
 			f.span("inv", c.ptr(4), 4*int64(nslot)), f.span("tile", c.ptr(5), 4*int64(ntile)))

@@ -34,7 +34,8 @@ func mvShapes(d quant.DType) []mvShape {
 }
 
 // TestGPUMatvecParity: every format × shape × R = 1..9 activation rows
-// (9 = a launch of 8 and one of 1) × epilogue, against float64 sums of
+// (9: the float formats' one mm_*, the quantized ones' launches of 8 and
+// of 1) × epilogue, against float64 sums of
 // quant's decoded weights times the activations the kernel uses: float32
 // for f32/f16/bf16, kern.ActQuant's int8 blocks for q8_row, q8_2f and q4tp.
 func TestGPUMatvecParity(t *testing.T) {
@@ -122,6 +123,67 @@ func TestGPUMatvecParity(t *testing.T) {
 								t.Fatalf("%s %dx%d ldx %d R=%d %s: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)",
 									dt, rows, cols, ldx, R, epi, ri, o, gv, want, d, mag)
 							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestGPUFloatMatmul: mm_* (float weights over more than 8 rows: prefill
+// chunks through a float32 router or shared-expert gate) against float64
+// sums of the decoded weights times the float32 activations, to 1e-5 of
+// the products' magnitude, for T up to a 512-row chunk, a router's and a
+// gate's shapes, rows of partial 16-byte chunks and misaligned activations
+// (the element-wise path); padding columns of y and rows past T untouched.
+func TestGPUFloatMatmul(t *testing.T) {
+	g := newGPU(t)
+	r := rng(71)
+	type shape struct{ rows, cols, ldxPad, T int }
+	shapes := []shape{{128, 2048, 0, 512}, {1, 2048, 0, 100}, {130, 1040, 0, 33}, {37, 101, 0, 9}, {64, 256, 1, 40}, {512, 96, 0, 64}}
+	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16} {
+		for _, sh := range shapes {
+			rows, cols, T := sh.rows, sh.cols, sh.T
+			wb, err := quant.Encode(dt, r.vec(rows*cols, 0.05), []int{rows, cols}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wd, _ := quant.Decode(dt, wb, []int{rows, cols})
+			ldx, ldy := cols+sh.ldxPad, rows+3
+			x, bias := r.vec((T+1)*ldx, 1), r.vec(rows, 0.1)
+			dW, dx, dbias := g.upload(wb), g.f32(x), g.f32(bias)
+			for _, acc := range []bool{false, true} {
+				y0 := r.vec((T+1)*ldy, 1)
+				dy := g.f32(y0)
+				var bp driver.DevicePtr
+				if acc {
+					bp = dbias
+				}
+				g.run(func(l *kern.Launcher) error { return l.Matvec(dt, dW, rows, cols, dx, ldx, dy, ldy, T, bp, acc) })
+				got := g.readF32(dy, (T+1)*ldy)
+				for ti := range T + 1 {
+					for o := range ldy {
+						gv := got[ti*ldy+o]
+						if ti == T || o >= rows {
+							if gv != y0[ti*ldy+o] {
+								t.Fatalf("%s %dx%d T=%d: y[%d][%d] outside the product written", dt, rows, cols, T, ti, o)
+							}
+							continue
+						}
+						var want, mag float64
+						for i := range cols {
+							p := float64(wd[o*cols+i]) * float64(x[ti*ldx+i])
+							want += p
+							mag += math.Abs(p)
+						}
+						if acc {
+							want += float64(bias[o]) + float64(y0[ti*ldy+o])
+							mag += math.Abs(float64(bias[o])) + math.Abs(float64(y0[ti*ldy+o]))
+						}
+						if d := math.Abs(float64(gv) - want); d > 1e-5*mag+1e-7 || math.IsNaN(float64(gv)) {
+							t.Fatalf("%s %dx%d ldx %d T=%d acc %v: y[%d][%d] = %g, reference %g (|diff| %g, scale %g)",
+								dt, rows, cols, ldx, T, acc, ti, o, gv, want, d, mag)
 						}
 					}
 				}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/quant"
@@ -132,12 +133,30 @@ func TestGPUMoE(t *testing.T) {
 
 // TestGPUMoEGrouped: moe_sort orders (row, slot) pairs by expert in tiles
 // of kern.MoETile (each expert's pairs in slot order, padding −1, the
-// inverse map, unused tiles −1) as a plain Go sort does; moe_gather_q and
-// gemmq_moe_* then give every sorted row its expert's product over the
-// row's ActQuant activations (float64 reference), for q8_row and q4tp.
+// inverse map, unused tiles −1) as a plain Go sort does — here and in
+// prefill-sized sorts (512 rows of 8 among 128 experts, of 10 among 512,
+// random routings: every block of the grid places its own expert) —;
+// moe_gather_q and gemmq_moe_* then give every sorted row its expert's
+// product over the row's ActQuant activations (float64 reference), for
+// q8_row and q4tp.
 func TestGPUMoEGrouped(t *testing.T) {
 	g := newGPU(t)
 	r := rng(57)
+	for _, c := range []struct{ E, k, R int }{{128, 8, 512}, {512, 10, 512}, {1024, 8, 1024}} {
+		ids := make([]int32, c.R*c.k)
+		for row := range c.R {
+			p := make([]int32, c.E) // distinct experts a row, as top-k picks
+			for i := range p {
+				p[i] = int32(i)
+			}
+			for j := range c.k {
+				i := j + int(r.next()%uint64(c.E-j))
+				p[j], p[i] = p[i], p[j]
+				ids[row*c.k+j] = p[j]
+			}
+		}
+		_, _, _ = checkMoESort(t, g, ids, c.E)
+	}
 	const E, k, R, H, I = 8, 3, 37, 96, 64
 	nslot := R * k
 	ids := make([]int32, nslot)
@@ -148,44 +167,7 @@ func TestGPUMoEGrouped(t *testing.T) {
 		}
 	}
 	ntile := kern.MoETiles(nslot, E)
-	dids := g.i32(ids)
-	perm, inv, tile := g.zeros(ntile*kern.MoETile), g.zeros(nslot), g.zeros(ntile)
-	g.run(func(l *kern.Launcher) error { return l.MoESort(dids, nslot, E, perm, inv, tile, ntile) })
-	gp, gi, gt := g.readI32(perm, ntile*kern.MoETile), g.readI32(inv, nslot), g.readI32(tile, ntile)
-	wantT := 0
-	for e := range E {
-		var mine []int
-		for s, id := range ids {
-			if int(id) == e {
-				mine = append(mine, s)
-			}
-		}
-		nt := (len(mine) + kern.MoETile - 1) / kern.MoETile
-		for j := range nt * kern.MoETile {
-			at := wantT*kern.MoETile + j
-			want := -1
-			if j < len(mine) {
-				want = mine[j]
-				if int(gi[want]) != at {
-					t.Fatalf("inv[%d] = %d, want %d", want, gi[want], at)
-				}
-			}
-			if int(gp[at]) != want {
-				t.Fatalf("expert %d: perm[%d] = %d, want %d", e, at, gp[at], want)
-			}
-		}
-		for j := range nt {
-			if int(gt[wantT+j]) != e {
-				t.Fatalf("tile %d: expert %d, want %d", wantT+j, gt[wantT+j], e)
-			}
-		}
-		wantT += nt
-	}
-	for j := wantT; j < ntile; j++ {
-		if gt[j] != -1 {
-			t.Fatalf("unused tile %d: expert %d, want -1", j, gt[j])
-		}
-	}
+	perm, tile, gi := checkMoESort(t, g, ids, E)
 	x := r.vec(R*H, 1)
 	dx := g.f32(x)
 	rows := ntile * kern.MoETile
@@ -228,4 +210,51 @@ func TestGPUMoEGrouped(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkMoESort runs moe_sort over ids (E experts, kern.MoETiles tiles) and
+// compares its perm, inv and tile_e with a plain Go sort's; it returns the
+// device's perm and tile_e and the inverse map it wrote.
+func checkMoESort(t *testing.T, g *gpu, ids []int32, E int) (perm, tile driver.DevicePtr, gi []int32) {
+	t.Helper()
+	nslot := len(ids)
+	ntile := kern.MoETiles(nslot, E)
+	dids := g.i32(ids)
+	perm, inv, tile := g.zeros(ntile*kern.MoETile), g.zeros(nslot), g.zeros(ntile)
+	g.run(func(l *kern.Launcher) error { return l.MoESort(dids, nslot, E, perm, inv, tile, ntile) })
+	gp, gt := g.readI32(perm, ntile*kern.MoETile), g.readI32(tile, ntile)
+	gi = g.readI32(inv, nslot)
+	mine := make([][]int, E)
+	for s, id := range ids {
+		mine[id] = append(mine[id], s)
+	}
+	wantT := 0
+	for e := range E {
+		nt := (len(mine[e]) + kern.MoETile - 1) / kern.MoETile
+		for j := range nt * kern.MoETile {
+			at := wantT*kern.MoETile + j
+			want := -1
+			if j < len(mine[e]) {
+				want = mine[e][j]
+				if int(gi[want]) != at {
+					t.Fatalf("E %d, %d slots: inv[%d] = %d, want %d", E, nslot, want, gi[want], at)
+				}
+			}
+			if int(gp[at]) != want {
+				t.Fatalf("E %d, %d slots: expert %d: perm[%d] = %d, want %d", E, nslot, e, at, gp[at], want)
+			}
+		}
+		for j := range nt {
+			if int(gt[wantT+j]) != e {
+				t.Fatalf("E %d, %d slots: tile %d: expert %d, want %d", E, nslot, wantT+j, gt[wantT+j], e)
+			}
+		}
+		wantT += nt
+	}
+	for j := wantT; j < ntile; j++ {
+		if gt[j] != -1 {
+			t.Fatalf("E %d, %d slots: unused tile %d: expert %d, want -1", E, nslot, j, gt[j])
+		}
+	}
+	return perm, tile, gi
 }

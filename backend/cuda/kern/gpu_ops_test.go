@@ -552,7 +552,8 @@ func TestRefAttentionEdges(t *testing.T) {
 // merge: each case runs twice and must give the same bits, counters left
 // at zero), lengths around its 16-position tiles, the 32-position split
 // chunks and 0, peaked softmaxes (q ×6), heads of 128 on both the 2- and
-// the 4-warp kernel; its f16 copy equals its output rounded, bit for bit.
+// the 4-warp kernel; its f16 copy equals its output rounded, bit for bit,
+// and without the copy (outh null) the output is the same bits.
 func TestGPUAttentionMMA(t *testing.T) {
 	g := newGPU(t)
 	r := rng(47)
@@ -628,6 +629,16 @@ func TestGPUAttentionMMA(t *testing.T) {
 			}
 			t.Logf("attn_mma %+v (4 warps at hd 128: %v): worst |diff| %.3f of its bound", s, w4, worst)
 			c.checkHalf(t, "attn_mma", got, g.readBytes(outh, int(kern.GemmHScratch(w, R))))
+			// Without the f16 copy (prefill chunks over an int8 o_proj):
+			// the same output, bit for bit.
+			g.run(func(l *kern.Launcher) error {
+				return l.AttentionMMA(dq, c.ldq, dk, dv, dp, ds, part, cnt, out, w, R, c.nq, c.nkv, c.hd, c.ctx, c.nsplit, c.scale, 0, w4)
+			})
+			for i, v := range g.readF32(out, R*w) {
+				if math.Float32bits(v) != math.Float32bits(got[i]) {
+					t.Fatalf("attn_mma %+v without the f16 copy: out[%d] = %g, with it %g", s, i, v, got[i])
+				}
+			}
 		}
 	}
 }

@@ -169,6 +169,9 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		}
 		want["gemm_"+f] = []int{8, 4, 4, 8, 4, 8, 4, 4, 8, 4}
 		want["gemm_"+f+"_t64"] = want["gemm_"+f]
+		if f == "f32" || f == "f16" || f == "bf16" {
+			want["mm_"+f] = want["gemm_"+f] // the float32-exact product: gemm_*'s parameters
+		}
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
 			if f == "q8row" || f == "q4tp" {

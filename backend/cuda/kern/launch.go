@@ -197,6 +197,17 @@ func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config,
 	return name, driver.Config{Grid: driver.D1(min((rows+15)/16, sms)), Block: driver.D1(512), Shared: shared}, nil
 }
 
+// FloatMatmulLaunch names the kernel and launch of the float32-exact
+// product over T > MaxMatvecRows activation rows and float weights (f32,
+// f16, bf16): mm_<family> (matvec.cu), blocks of 32 weight rows × 32
+// tokens, 256 threads, gemm_*'s parameters. Steps of that many rows over
+// float weights take it instead of launches of mv_*_r8 (each re-reading
+// the weights).
+func FloatMatmulLaunch(d quant.DType, rows, T int) (name string, grid, block driver.Dim3) {
+	fam, _ := mvFamily(d)
+	return "mm_" + fam, driver.D2((rows+31)/32, (T+31)/32), driver.D1(256)
+}
+
 // MatvecShared is the dynamic shared memory of a quantized-activation
 // matvec: per activation row, ⌈cols/32⌉ blocks of 32 int8 quants and a
 // (scale, Σq) pair.
@@ -277,17 +288,17 @@ func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ld
 	if quantizedActs(d) {
 		return MQ{W: [3]Ptr{W}, Rows: [3]int{rows}, Bias: [3]Ptr{bias}, Cols: cols, X: x, Ldx: ldx, Y: y, Ldy: ldy, Accumulate: accumulate}.Calls(d, R, sms)
 	}
-	var cs []call
-	for r0 := 0; r0 < R; r0 += MaxMatvecRows {
-		name, cfg, err := MatvecLaunch(d, rows, cols, min(MaxMatvecRows, R-r0), sms)
-		if err != nil {
-			return nil, err
-		}
-		a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x.Add(int64(4 * r0 * ldx))).Int(ldx).
-			Ptr(y.Add(int64(4 * r0 * ldy))).Int(ldy).Ptr(bias).Int(b2i(accumulate))
-		cs = append(cs, call{name, cfg, a})
+	if R > MaxMatvecRows {
+		a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(R).Ptr(bias).Int(b2i(accumulate))
+		name, grid, block := FloatMatmulLaunch(d, rows, R)
+		return one(name, grid, block, 0, a), nil
 	}
-	return cs, nil
+	name, cfg, err := MatvecLaunch(d, rows, cols, R, sms)
+	if err != nil {
+		return nil, err
+	}
+	a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Ptr(bias).Int(b2i(accumulate))
+	return []call{{name, cfg, a}}, nil
 }
 
 // MatvecQ queues a quantized-activation matvec (see MQ) over R rows.
@@ -297,7 +308,9 @@ func (l *Launcher) MatvecQ(d quant.DType, m MQ, R int) error {
 }
 
 // Matvec queues y[r][o] (=|+=) Σ_i W[o,i]·x[r][i] (+bias[o]) for R rows
-// (bias 0 for none). For q8_2f, x must already be prescaled (Q82FPrescale).
+// (bias 0 for none): float weights over more than MaxMatvecRows rows as
+// one mm_* (FloatMatmulLaunch). For q8_2f, x must already be prescaled
+// (Q82FPrescale).
 func (l *Launcher) Matvec(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ldy, R int, bias Ptr, accumulate bool) error {
 	return l.run(matvecCalls(d, W, rows, cols, x, ldx, y, ldy, R, bias, accumulate, l.M.SMs))
 }
@@ -1527,9 +1540,14 @@ func MoEGroupedSupported(d quant.DType, cols, nslot, E int, ptrs []Ptr) bool {
 	return true
 }
 
+// MoESortLaunch is moe_sort's launch over E experts: a block an expert
+// (each counts every expert's slots and places its own).
+func MoESortLaunch(E int) (grid, block driver.Dim3) { return driver.D1(E), driver.D1(512) }
+
 func moeSortCalls(ids Ptr, nslot, E int, perm, inv, tileE Ptr, ntile int) []call {
 	a := new(driver.Args).Ptr(ids).Int(nslot).Int(E).Ptr(perm).Ptr(inv).Ptr(tileE).Int(ntile)
-	return one("moe_sort", driver.D1(1), driver.D1(1024), 0, a)
+	g, b := MoESortLaunch(E)
+	return one("moe_sort", g, b, 0, a)
 }
 
 // MoESort queues the sort of nslot expert ids by expert into perm (ntile ×

@@ -730,3 +730,149 @@ extern "C" __global__ void q82f_prescale(const uint8_t* __restrict__ W, long lon
   pdl_wait();
   xs[(size_t)r * ldxs + i] = x[(size_t)r * ldx + i] * c;
 }
+
+// mm_{f32,f16,bf16}: Y[t][o] (=|+=) Σ_k W[o,k]·X[t][k] (+ bias[o]) for T
+// activation rows over float weights, in float32 FMAs: the steps of more
+// than 8 rows (prefill chunks, large batches) where the mv_*_r8 launches
+// would re-read W for every 8 rows with ⌈rows/8⌉ blocks (a float router
+// over a 512-row chunk: 64 launches of 16 blocks). Exact float32
+// arithmetic, unlike gemm_*'s bf16 tensor cores: routing decisions stay
+// the matvec's (the sums differ from it only in their order).
+// A block of 256 threads takes 32 weight rows × 32 tokens: each K chunk of
+// MM_K columns is staged in shared memory (the next chunk's loads in flight
+// during the FMAs), and four slices of 64 threads each take a quarter of
+// the chunk, a thread 4 rows × 4 tokens of it; the slices' sums are added
+// in slice order at the end (deterministic). Params as gemm_*: (W, rows,
+// cols, x, ldx, y, ldy, T, bias, accumulate). Launch: grid (⌈rows/32⌉,
+// ⌈T/32⌉), block 256 (kern.FloatMatmulLaunch). The 16-byte path needs W
+// and x 16-byte aligned, ldx % 4 == 0 and cols % 8 == 0; else element loads.
+#define MM_T 32
+#define MM_K 64
+
+template <class F>
+__device__ __forceinline__ void mm_load8(const uint8_t* row, int k, float* w) {
+  if constexpr (F::E == 8) {
+    F::decode(*(const uint4*)(row + (size_t)k * F::ES), w);
+  } else {
+    F::decode(*(const uint4*)(row + (size_t)k * F::ES), w);
+    F::decode(*(const uint4*)(row + (size_t)k * F::ES + 16), w + 4);
+  }
+}
+
+template <class F>
+__device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x,
+                                        int ldx, float* __restrict__ y, int ldy, int T, const float* __restrict__ bias,
+                                        int accumulate) {
+  __shared__ __align__(16) float sm[2 * MM_T * (MM_K + 4)];
+  float(*ws)[MM_K + 4] = reinterpret_cast<float(*)[MM_K + 4]>(sm);
+  float(*xs)[MM_K + 4] = reinterpret_cast<float(*)[MM_K + 4]>(sm + MM_T * (MM_K + 4));
+  pdl_trigger();
+  const int tid = threadIdx.x, sl = tid >> 6, l = tid & 63, tx = l & 7, ty = l >> 3;
+  const int o0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
+  const size_t rb = (size_t)cols * F::ES;
+  const bool vec = aligned16(W) && rb % 16 == 0 && aligned16(x) && ldx % 4 == 0 && cols % 8 == 0;
+  // The loader: 8 consecutive columns of one weight row and of one token.
+  const int lr = tid >> 3, lk = (tid & 7) * 8;
+  const uint8_t* wrow = W + (size_t)min(o0 + lr, rows - 1) * rb;
+  const float* xrow = x + (size_t)min(t0 + lr, T - 1) * ldx;
+  float wv[8], xv[8];
+  auto load_w = [&](int k0) {
+    const int k = k0 + lk;
+    if (vec) {
+      if (k < cols) {
+        mm_load8<F>(wrow, k, wv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) wv[j] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) wv[j] = k + j < cols ? F::scalar(wrow, k + j) : 0.0f;
+    }
+  };
+  auto load_x = [&](int k0) {
+    const int k = k0 + lk;
+    if (vec) {
+      float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+      if (k < cols) {
+        a = *(const float4*)(xrow + k);
+        b = *(const float4*)(xrow + k + 4);
+      }
+      xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
+      xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) xv[j] = k + j < cols ? xrow[k + j] : 0.0f;
+    }
+  };
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+  load_w(0);  // weights never depend on the previous kernel; x does
+  pdl_wait();
+  load_x(0);
+  for (int k0 = 0; k0 < cols; k0 += MM_K) {
+    __syncthreads();  // the previous chunk's FMAs are done with the tiles
+    *(float4*)&ws[lr][lk] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+    *(float4*)&ws[lr][lk + 4] = make_float4(wv[4], wv[5], wv[6], wv[7]);
+    *(float4*)&xs[lr][lk] = make_float4(xv[0], xv[1], xv[2], xv[3]);
+    *(float4*)&xs[lr][lk + 4] = make_float4(xv[4], xv[5], xv[6], xv[7]);
+    __syncthreads();
+    if (k0 + MM_K < cols) {
+      load_w(k0 + MM_K);
+      load_x(k0 + MM_K);
+    }
+#pragma unroll
+    for (int q = 0; q < MM_K / 16; q++) {
+      const int kk = sl * (MM_K / 4) + 4 * q;
+      float4 a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) a[i] = *(const float4*)&ws[tx + 8 * i][kk];
+#pragma unroll
+      for (int j = 0; j < 4; j++) b[j] = *(const float4*)&xs[ty + 8 * j][kk];
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float s = acc[i][j];
+          s = fmaf(a[i].x, b[j].x, s);
+          s = fmaf(a[i].y, b[j].y, s);
+          s = fmaf(a[i].z, b[j].z, s);
+          s = fmaf(a[i].w, b[j].w, s);
+          acc[i][j] = s;
+        }
+    }
+  }
+  // Slices 1-3 hand their sums to slice 0 (slot (i·4 + j)·64 + l of their
+  // third of the tiles' memory: conflict-free), which adds them in order.
+  __syncthreads();
+  if (sl > 0) {
+    float* red = sm + (sl - 1) * 16 * 64;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) red[(i * 4 + j) * 64 + l] = acc[i][j];
+  }
+  __syncthreads();
+  if (sl > 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int o = o0 + tx + 8 * i, t = t0 + ty + 8 * j;
+      float v = acc[i][j];
+#pragma unroll
+      for (int s = 0; s < 3; s++) v += sm[s * 16 * 64 + (i * 4 + j) * 64 + l];
+      if (o < rows && t < T) mv_store(y + (size_t)t * ldy + o, v, bias, o, accumulate);
+    }
+}
+
+#define MM_PARAMS                                                                                            \
+  const uint8_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int ldx, float *__restrict__ y, \
+      int ldy, int T, const float *__restrict__ bias, int accumulate
+#define MM_ARGS W, rows, cols, x, ldx, y, ldy, T, bias, accumulate
+extern "C" __global__ void __launch_bounds__(256) mm_f32(MM_PARAMS) { mm_body<FmtF32>(MM_ARGS); }
+extern "C" __global__ void __launch_bounds__(256) mm_f16(MM_PARAMS) { mm_body<FmtF16>(MM_ARGS); }
+extern "C" __global__ void __launch_bounds__(256) mm_bf16(MM_PARAMS) { mm_body<FmtBF16>(MM_ARGS); }

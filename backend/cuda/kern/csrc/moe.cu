@@ -245,52 +245,66 @@ extern "C" __global__ void __launch_bounds__(32 * MR_ROWS)
 
 // moe_sort: perm[i] = the slot (r·k + j) at sorted row i (−1: padding),
 // inv[slot] = its sorted row, tile_e[t] = the expert of tile t (−1: unused,
-// for t < ntile). One warp per expert counts its slots (ballots over 32
-// slots at a time) and writes them in slot order. Params (ids, nslot, E,
-// perm, inv, tile_e, ntile). Launch: grid 1, block 1024; nslot ≤
+// for t < ntile). Block e sorts expert e: it counts every expert's slots
+// (shared-memory atomics; each block the same counts), so its first tile is
+// the sum of the tiles of the experts before it, then writes its expert's
+// slots in slot order (a block-wide compaction: ballots, then the warps'
+// counts in warp order). Block 0 also marks the unused tiles. Params (ids,
+// nslot, E, perm, inv, tile_e, ntile). Launch: grid E, block 512; nslot ≤
 // MOE_MAXSLOT, E ≤ MOE_MAXE, ntile ≥ ⌈nslot/MOE_BM⌉ + min(E, nslot).
-extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* __restrict__ ids, int nslot, int E,
-                                                            int* __restrict__ perm, int* __restrict__ inv,
-                                                            int* __restrict__ tile_e, int ntile) {
+#define MOE_SORT_THREADS 512
+extern "C" __global__ void __launch_bounds__(MOE_SORT_THREADS) moe_sort(const int* __restrict__ ids, int nslot, int E,
+                                                                        int* __restrict__ perm, int* __restrict__ inv,
+                                                                        int* __restrict__ tile_e, int ntile) {
   __shared__ int sid[MOE_MAXSLOT];
-  __shared__ int toff[MOE_MAXE + 1];
+  __shared__ int cnt[MOE_MAXE];
+  __shared__ int wc[MOE_SORT_THREADS / 32];
+  __shared__ int red[32];
   pdl_trigger();
   pdl_wait();
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-  for (int s = tid; s < nslot; s += blockDim.x) sid[s] = ids[s];
-  for (int t = tid; t < ntile; t += blockDim.x) tile_e[t] = -1;
+  const int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = blockDim.x, nw = nt >> 5;
+  for (int i = tid; i < E; i += nt) cnt[i] = 0;
   __syncthreads();
-  for (int e = warp; e < E; e += nw) {
-    int c = 0;
-    for (int s0 = 0; s0 < nslot; s0 += 32) {
-      const int s = s0 + lane;
-      c += __popc(__ballot_sync(FULL_MASK, s < nslot && sid[s] == e));
+  for (int s = tid; s < nslot; s += nt) {
+    const int id = ids[s];
+    sid[s] = id;
+    if (id >= 0 && id < E) atomicAdd(&cnt[id], 1);
+  }
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int i = tid; i < E; i += nt) {
+    const int t = (cnt[i] + MOE_BM - 1) / MOE_BM;
+    all += t;
+    if (i < e) before += t;
+  }
+  const int t0 = block_sum_i(before, red);
+  const int total = block_sum_i(all, red);
+  const int t1 = t0 + (cnt[e] + MOE_BM - 1) / MOE_BM;
+  for (int t = t0 + tid; t < t1; t += nt) tile_e[t] = e;
+  if (e == 0)
+    for (int t = total + tid; t < ntile; t += nt) tile_e[t] = -1;
+  int i = t0 * MOE_BM;
+  for (int s0 = 0; s0 < nslot; s0 += nt) {
+    const int s = s0 + tid;
+    const bool hit = s < nslot && sid[s] == e;
+    const unsigned m = __ballot_sync(FULL_MASK, hit);
+    if (lane == 0) wc[warp] = __popc(m);
+    __syncthreads();
+    int off = 0, sum = 0;
+    for (int w = 0; w < nw; w++) {
+      const int c = wc[w];
+      off += w < warp ? c : 0;
+      sum += c;
     }
-    if (lane == 0) toff[e + 1] = (c + MOE_BM - 1) / MOE_BM;  // tiles of expert e
-  }
-  __syncthreads();
-  if (tid == 0) {
-    toff[0] = 0;
-    for (int e = 0; e < E; e++) toff[e + 1] += toff[e];
-  }
-  __syncthreads();
-  for (int e = warp; e < E; e += nw) {
-    const int t0 = toff[e], t1 = toff[e + 1];
-    for (int t = t0 + lane; t < t1; t += 32) tile_e[t] = e;
-    int i = t0 * MOE_BM;
-    for (int s0 = 0; s0 < nslot; s0 += 32) {
-      const int s = s0 + lane;
-      const bool hit = s < nslot && sid[s] == e;
-      const unsigned m = __ballot_sync(FULL_MASK, hit);
-      if (hit) {
-        const int at = i + __popc(m & ((1u << lane) - 1u));
-        perm[at] = s;
-        inv[s] = at;
-      }
-      i += __popc(m);
+    if (hit) {
+      const int at = i + off + __popc(m & ((1u << lane) - 1u));
+      perm[at] = s;
+      inv[s] = at;
     }
-    for (int at = i + lane; at < t1 * MOE_BM; at += 32) perm[at] = -1;
+    i += sum;
+    __syncthreads();  // wc is rewritten next round
   }
+  for (int at = i + tid; at < t1 * MOE_BM; at += nt) perm[at] = -1;
 }
 
 // moe_gather_q: sorted row i of a used tile gets the int8 quants and scales
