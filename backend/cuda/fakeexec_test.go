@@ -435,8 +435,9 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		// scale after the sum), + bias, =|+= Y; the wide tiles over up to
 		// three tensors, side by side in Y.
 		fam := strings.Split(name, "_")[1]
-		perm := kern.GemmQPerm(fam, strings.TrimPrefix(name, "gemmq_"+fam))
-		g := fakeGemmQArgs(c, perm > 1)
+		suffix := strings.TrimPrefix(name, "gemmq_"+fam)
+		perm := kern.GemmQPerm(fam, suffix)
+		g := fakeGemmQArgs(c, kern.WideParams(suffix))
 		nb := g.cols / 32
 		xq, d := f.bytesAt(g.xq, int64(g.T*g.cols)), f.view(g.d, g.T*nb)
 		xv := make([][]float64, g.T)

@@ -166,10 +166,10 @@ func (st *state) moeGroupable(w *backend.MoE, dt quant.DType, H, I, nslot int) b
 // orders the R·k (row, slot) pairs by expert in tiles of kern.MoETile rows;
 // the rows' activations are quantized once (gemmq_actq) and gathered into
 // that order (moe_gather_q); gemmq_moe_* multiplies each tile by its
-// expert's gate and up weights, silu_mul and gemmq_actq prepare the down
-// product's activations in the same order, and gemmq_moe_* the down
-// weights. Each selected expert's weights are read once a tile, not once
-// a row. It returns the down outputs (sorted rows) and the map from a slot
+// expert's gate and up weights, gemmq_actq_pro quantizes their SwiGLU for
+// the down product in the same order, and gemmq_moe_* the down weights.
+// Each selected expert's weights are read once a tile, not once a row.
+// It returns the down outputs (sorted rows) and the map from a slot
 // to its sorted row, for moe_combine.
 func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]driver.DevicePtr, xb, ids driver.DevicePtr,
 	R, H, I, E, k int) (yd, inv driver.DevicePtr) {
@@ -185,7 +185,6 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 	gq, gd := kern.GemmQScratch(max(H, I), tmax*kern.MoETile)
 	sq, sd := st.buf("moeg_q", gq), st.buf("moeg_d", gd)
 	gu := st.buf("moeg_gu", int64(tmax*kern.MoETile)*int64(2*I)*4)
-	h := st.buf("moeg_h", int64(tmax*kern.MoETile)*int64(I)*4)
 	yd = st.buf("moeg_y", int64(tmax*kern.MoETile)*int64(H)*4)
 	perm4 := b2i(dt == quant.Q4TP)
 
@@ -202,11 +201,11 @@ func (st *state) moeGrouped(w *backend.MoE, fam string, dt quant.DType, tabs [3]
 		st.a().Ptr(t).Ptr(tileE).Int(I).Int(H).Ptr(sq).Ptr(sd).Ptr(gu.Add(int64(4 * j * I))).Int(2 * I).Int(rows)
 		st.launch("gemmq_moe_"+fam, grid, block, 0)
 	}
-	st.a().Ptr(gu).Ptr(gu.Add(int64(4 * I))).Int(2 * I).Ptr(h).Int(I).Int(I)
-	st.launch("silu_mul", driver.D2((I+255)/256, rows), driver.D1(256), 0)
-	cfg = kern.ActQuantLaunch(I, rows)
-	st.a().Ptr(h).Int(I).Int(I).Ptr(sq).Ptr(sd).Int(perm4)
-	st.launch("gemmq_actq", cfg.Grid, cfg.Block, 0)
+	// SwiGLU in the down product's quantizer (gemmq_actq_pro: silu_mul's
+	// values, bit for bit), no silu_mul launch.
+	kern.GemmQ{X: gu, Ldx: 2 * I, Cols: I, Quants: sq, Scales: sd}.PackQuantPro(st.a(), perm4, kern.ProSilu, gu.Add(int64(4*I)), 0, 0)
+	cfg = kern.ActProLaunch(I, rows, kern.ProSilu)
+	st.launch("gemmq_actq_pro", cfg.Grid, cfg.Block, 0)
 	grid, block = kern.GemmQMoELaunch(H, ntile)
 	st.a().Ptr(tabs[2]).Ptr(tileE).Int(H).Int(I).Ptr(sq).Ptr(sd).Ptr(yd).Int(H).Int(rows)
 	st.launch("gemmq_moe_"+fam, grid, block, 0)

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -835,7 +834,7 @@ func (st *state) mv(m *mat, x driver.DevicePtr, ldx int, y driver.DevicePtr, ldy
 		// chunk): the float32-exact product, the weights read once a tile
 		// rather than once every 8 rows.
 		st.a().Ptr(m.p).Int(m.rows).Int(m.cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(rows).Ptr(bias).Int(b2i(accumulate))
-		name, grid, block := kern.FloatMatmulLaunch(m.dt, m.rows, rows)
+		name, grid, block := kern.FloatMatmulLaunch(m.dt, m.rows, rows, st.d.info.SMs)
 		st.launch(name, grid, block, 0)
 		return
 	}
@@ -890,7 +889,7 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 		st.fail(err)
 		return
 	}
-	suffix := kern.GemmQSuffix(f, g.StackedRows(), g.Cols, rows)
+	suffix := g.Suffix(f, rows)
 	// The quantizer and the GEMM: the int8 tiles, or for q4tp with
 	// Options.F16Wide the half wide tiles (their activations in f16; perm
 	// -1 keeps the two apart in the sharing key).
@@ -908,13 +907,13 @@ func (st *state) gemmqPro(g kern.GemmQ, dt quant.DType, rows int, pro actPro) {
 		nq, ns := kern.GemmQScratch(g.Cols, st.d.opt.MaxRows)
 		g.Quants, g.Scales = st.buf("xq", nq), st.buf("xqd", ns)
 		key = actqKey{x: g.X, xq: g.Quants, xd: g.Scales, ldx: g.Ldx, cols: g.Cols, rows: rows, perm: kern.GemmQPerm(f, suffix), pro: pro, ok: true}
-		name, gcfg, err = kern.GemmQLaunch(f, suffix, g.StackedRows(), rows)
+		name, gcfg, err = g.Launch(f, suffix, rows)
 	}
 	if err != nil {
 		st.fail(fmt.Errorf("cuda: %w", err))
 		return
 	}
-	wide := strings.HasPrefix(suffix, "_w")
+	wide := kern.WideParams(suffix)
 	if len(g.More) > 0 && !wide {
 		st.fail(fmt.Errorf("cuda: stacked int8 GEMM on tile %s", name))
 		return
@@ -1001,17 +1000,26 @@ func (st *state) swigluHalf(w *backend.MLP, rows int) driver.DevicePtr {
 	return st.buf("xh16h", kern.GemmHScratch(I, st.d.opt.MaxRows))
 }
 
-// stackable reports whether ms (q|k|v, gate|up) can run as one wide
-// int8 GEMM over rows rows written side by side: 8 < rows ≤ 64, the int8
-// GEMM on, all of one format (q8_row or q4tp) and width.
+// stackable reports whether ms (q|k|v, gate|up) can run as one int8 GEMM
+// over rows rows written side by side (the wide tiles up to 64 rows,
+// kern.GemmQStacked above), or one tensor with its input's prologue in the
+// quantizer (proFusable): more than 8 rows, the int8 GEMM on, all of one
+// format (q8_row or q4tp) and width.
 func (st *state) stackable(rows int, ms ...backend.Mat) bool {
-	if rows <= maxMatvecRows || rows > 64 || st.d.opt.NoMMQ || st.d.opt.NoFusion {
+	if rows <= maxMatvecRows || st.d.opt.NoMMQ || st.d.opt.NoFusion {
 		return false
 	}
 	m0 := ms[0].(*mat)
 	for _, w := range ms {
 		m := w.(*mat)
 		if m.dt != m0.dt || m.cols != m0.cols || (m.dt != quant.Q8Row && m.dt != quant.Q4TP) || !kern.GemmQSupported(m.dt, m.p, m.cols) {
+			return false
+		}
+		// Above 64 rows tensors stack on the 64-token tile
+		// (kern.GemmQStacked) only where each alone would take that tile
+		// (a prefill's q|k|v of the MoE shapes; not an 8B model's gate and
+		// up, each on the 128 × 128 tile).
+		if f, _ := kernelFormat(m.dt); rows > 64 && len(ms) > 1 && kern.GemmQSuffix(f, m.rows, m.cols, rows) != "_t64" {
 			return false
 		}
 	}
@@ -1171,7 +1179,8 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	if st.fusable(w.Q, w.K, w.V) {
 		st.mvNorm([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, &w.Norm, R)
 	} else if st.proFusable(R, w.Q, w.K, w.V) && w.Q.(*mat).rows == qrows && w.K.(*mat).rows == kvd {
-		// 9-64 rows: q|k|v in one launch, input_layernorm in its quantizer.
+		// More than 8 rows: q|k|v in one launch (the wide tiles; above 64
+		// rows kern.GemmQStacked), input_layernorm in its quantizer.
 		st.gemmqStack([]backend.Mat{w.Q, w.K, w.V}, []driver.DevicePtr{ptrOf(w.BQ), ptrOf(w.BK), ptrOf(w.BV)}, x, H, dst, ldd, R, st.normPro(&w.Norm, H))
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
@@ -1378,7 +1387,8 @@ func (st *state) MLP(w *backend.MLP) {
 		st.gemmqHalfOn(kern.GemmQ{W: dn.p, Rows: dn.rows, Cols: I, Quants: hh, Y: x, Ldy: H, Bias: ptrOf(w.BDown), Accumulate: true}, dn.dt, R)
 		return
 	} else if st.proFusable(R, w.Gate, w.Up) && w.Gate.(*mat).rows == I {
-		// 9-64 rows: gate|up in one launch, post_attention_layernorm in its quantizer.
+		// More than 8 rows: gate|up in one launch where stackable,
+		// post_attention_layernorm in its quantizer.
 		st.gemmqStack([]backend.Mat{w.Gate, w.Up}, []driver.DevicePtr{ptrOf(w.BGate), ptrOf(w.BUp)}, x, H, gu, 2*I, R, st.normPro(&w.Norm, H))
 	} else {
 		st.rmsnorm(x, xb, R, H, &w.Norm)
@@ -1395,7 +1405,7 @@ func (st *state) MLP(w *backend.MLP) {
 		return
 	}
 	if dn := w.Down.(*mat); st.proFusable(R, w.Down) && dn.cols == I {
-		// 9-64 rows: SwiGLU in the down projection's quantizer.
+		// More than 8 rows: SwiGLU in the down projection's quantizer.
 		st.gemmqPro(kern.GemmQ{W: dn.p, Rows: dn.rows, Cols: I, X: gu, Ldx: 2 * I, Y: x, Ldy: H, Bias: ptrOf(w.BDown), Accumulate: true},
 			dn.dt, R, actPro{kind: kern.ProSilu, u: gu.Add(int64(4 * I))})
 		return

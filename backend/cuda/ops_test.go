@@ -545,15 +545,15 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		fam := strings.Split(name, "_")[1]
 		suffix := strings.TrimPrefix(name, "gemmq_"+fam)
 		perm := kern.GemmQPerm(fam, suffix)
-		gq := fakeGemmQArgs(c, perm > 1)
+		gq := fakeGemmQArgs(c, kern.WideParams(suffix))
 		cols, ldy, T, total := gq.cols, gq.ldy, gq.T, gq.total()
-		stacked := kern.GemmQ{Rows: gq.parts[0].rows}
+		stacked := kern.GemmQ{Rows: gq.parts[0].rows, Cols: cols}
 		for _, p := range gq.parts[1:] {
 			if p.rows > 0 {
 				stacked.More = append(stacked.More, kern.GemmQPart{Rows: p.rows})
 			}
 		}
-		wantName, wcfg, err := kern.GemmQLaunch(fam, kern.GemmQSuffix(fam, stacked.StackedRows(), cols, T), stacked.StackedRows(), T)
+		wantName, wcfg, err := stacked.Launch(fam, stacked.Suffix(fam, T), T)
 		q, s := kern.GemmQScratch(cols, T)
 		errs := []error{err, want(name == wantName && g == wcfg.Grid && b == wcfg.Block && c.cfg.Shared == wcfg.Shared,
 			"shape (want %s %v, %d B shared)", wantName, wcfg.Grid, wcfg.Shared),
@@ -593,9 +593,9 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(errs...)
 	case strings.HasPrefix(name, "mm_"):
 		rows, cols, ldx, ldy, T := c.int(1), c.int(2), c.int(4), c.int(6), c.int(7)
-		fam := strings.TrimPrefix(name, "mm_")
+		fam := strings.TrimSuffix(strings.TrimPrefix(name, "mm_"), "_t16")
 		dt, ok := map[string]quant.DType{"f32": quant.F32, "f16": quant.F16, "bf16": quant.BF16}[fam]
-		wn, wg, wb := kern.FloatMatmulLaunch(dt, rows, T)
+		wn, wg, wb := kern.FloatMatmulLaunch(dt, rows, T, 132) // the fake device has 132 SMs
 		errs := []error{want(ok && wn == name && g == wg && b == wb && c.cfg.Shared == 0, "shape"),
 			want(T > 8 && ldx >= cols && ldy >= rows, "ld"),
 			f.span("W", c.ptr(0), weightBytes(fam, rows, cols)),
@@ -977,8 +977,9 @@ func testLaunchesMatchKernels(t *testing.T, mmq bool) {
 					if i := strings.LastIndex(name, "_r"); strings.HasPrefix(name, "mv_") && i > 0 {
 						name = name[:i]
 					}
-					name = strings.TrimSuffix(name, "_t64") // the GEMM's 64-token tile
-					name = strings.TrimSuffix(name, "_d64") // the int8 GEMM's decode tile
+					name = strings.TrimSuffix(name, "_t64s") // the int8 GEMM's stacked 64-token tile
+					name = strings.TrimSuffix(name, "_t64")  // the GEMM's 64-token tile
+					name = strings.TrimSuffix(name, "_d64")  // the int8 GEMM's decode tile
 					if i := max(strings.LastIndex(name, "_s"), strings.LastIndex(name, "_w")); (strings.HasPrefix(name, "gemmq_") || strings.HasPrefix(name, "gemmh_")) && i > 0 {
 						name = name[:i] // the int8 GEMM's small-batch and wide tiles (_s16h, _w16k8, ...)
 					}

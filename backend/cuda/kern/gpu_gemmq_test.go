@@ -242,7 +242,8 @@ func BenchmarkGPUGemmQ(b *testing.B) {
 
 // TestGPUGemmQStacked: one wide launch over two or three tensors of one
 // width (q|k|v, gate|up: kern.GemmQ.More), rows 130, 37 and 256 (not
-// multiples of the 128-row tiles), T = 9, 33, 64, store and
+// multiples of the 128-row tiles), T = 9, 33, 64 and, on the stacked
+// 64-token tile (kern.GemmQStacked), 100 and 200, store and
 // bias+accumulate, each tensor's outputs in its own columns of Y against
 // float64 sums (TestGPUGemmQParity's tolerance), Y's padding untouched.
 func TestGPUGemmQStacked(t *testing.T) {
@@ -267,13 +268,13 @@ func TestGPUGemmQStacked(t *testing.T) {
 				biases, dbs = append(biases, b), append(dbs, g.f32(b))
 				total += rows
 			}
-			const maxT = 64
+			const maxT = 200
 			ldx, ldy := cols+4, total+3
 			x := r.vec(maxT*ldx, 1)
 			dx := g.f32(x)
 			nq, ns := kern.GemmQScratch(cols, maxT)
 			dq, dd := g.upload(make([]byte, nq)), g.upload(make([]byte, ns))
-			for _, T := range []int{9, 33, 64} {
+			for _, T := range []int{9, 33, 64, 100, 200} {
 				for _, epi := range []string{"store", "bias+accumulate"} {
 					acc := epi != "store"
 					gq := kern.GemmQ{W: dws[0], Rows: parts[0], Cols: cols, X: dx, Ldx: ldx, Quants: dq, Scales: dd, Ldy: ldy, Accumulate: acc}
@@ -286,6 +287,9 @@ func TestGPUGemmQStacked(t *testing.T) {
 							p.Bias = dbs[j]
 						}
 						gq.More = append(gq.More, p)
+					}
+					if s := gq.Suffix(kern.MoEExpertFamily(dt), T); (T > 64) != (s == kern.GemmQStacked) {
+						t.Fatalf("%s %d parts T=%d: tile %q", dt, np, T, s)
 					}
 					y0 := r.vec((maxT+1)*ldy, 1)
 					gq.Y = g.f32(y0)

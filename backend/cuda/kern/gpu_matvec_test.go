@@ -131,7 +131,7 @@ func TestGPUMatvecParity(t *testing.T) {
 	}
 }
 
-// TestGPUFloatMatmul: mm_* (float weights over more than 8 rows: prefill
+// TestGPUFloatMatmul: mm_* and mm_*_t16 (float weights over more than 8 rows: prefill
 // chunks through a float32 router or shared-expert gate) against float64
 // sums of the decoded weights times the float32 activations, to 1e-5 of
 // the products' magnitude, for T up to a 512-row chunk, a router's and a
@@ -141,7 +141,10 @@ func TestGPUFloatMatmul(t *testing.T) {
 	g := newGPU(t)
 	r := rng(71)
 	type shape struct{ rows, cols, ldxPad, T int }
-	shapes := []shape{{128, 2048, 0, 512}, {1, 2048, 0, 100}, {130, 1040, 0, 33}, {37, 101, 0, 9}, {64, 256, 1, 40}, {512, 96, 0, 64}}
+	// mm_*_t16 (fewer 32-token blocks than multiprocessors) for most;
+	// mm_* for the last two (at least 132 blocks), one on element loads.
+	shapes := []shape{{128, 2048, 0, 512}, {1, 2048, 0, 100}, {130, 1040, 0, 33}, {37, 101, 0, 9}, {64, 256, 1, 40}, {512, 96, 0, 64},
+		{512, 96, 0, 512}, {600, 100, 0, 300}}
 	for _, dt := range []quant.DType{quant.F32, quant.F16, quant.BF16} {
 		for _, sh := range shapes {
 			rows, cols, T := sh.rows, sh.cols, sh.T

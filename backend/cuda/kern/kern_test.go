@@ -171,6 +171,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		want["gemm_"+f+"_t64"] = want["gemm_"+f]
 		if f == "f32" || f == "f16" || f == "bf16" {
 			want["mm_"+f] = want["gemm_"+f] // the float32-exact product: gemm_*'s parameters
+			want["mm_"+f+"_t16"] = want["gemm_"+f]
 		}
 		for r := 1; r <= 8; r++ {
 			want["mv_"+f+"_r"+string(rune('0'+r))] = mv
@@ -185,6 +186,7 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 						want["gemmq_"+f+"_w"+bm+"k"+ks] = []int{8, 8, 8, 4, 4, 4, 4, 8, 8, 8, 4, 4, 8, 8, 8, 4}
 					}
 				}
+				want["gemmq_"+f+"_t64s"] = want["gemmq_"+f+"_w16k1"] // stacked above 64 rows: the wide tiles' parameters
 				// (W0, W1, W2, rows0..2, cols, x, ldx, xoff, y, ldy, b0..2, accumulate, nw, eps, pro)
 				want["mv_"+f+"_r"+string(rune('0'+r))] = []int{8, 8, 8, 4, 4, 4, 4, 8, 4, 4, 8, 4, 8, 8, 8, 4, 8, 4, 4}
 			}

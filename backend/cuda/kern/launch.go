@@ -199,13 +199,22 @@ func MatvecLaunch(d quant.DType, rows, cols, R, sms int) (string, driver.Config,
 
 // FloatMatmulLaunch names the kernel and launch of the float32-exact
 // product over T > MaxMatvecRows activation rows and float weights (f32,
-// f16, bf16): mm_<family> (matvec.cu), blocks of 32 weight rows × 32
-// tokens, 256 threads, gemm_*'s parameters. Steps of that many rows over
-// float weights take it instead of launches of mv_*_r8 (each re-reading
-// the weights).
-func FloatMatmulLaunch(d quant.DType, rows, T int) (name string, grid, block driver.Dim3) {
+// f16, bf16) on a GPU of sms multiprocessors: mm_<family> (matvec.cu),
+// blocks of 32 weight rows × 32 tokens, or mm_<family>_t16 (× 16 tokens)
+// where the 32-token blocks would be fewer than the multiprocessors (a
+// router of 128 experts over 512 rows: 64 blocks); 256 threads, gemm_*'s
+// parameters. Steps of that many rows over float weights take it instead
+// of launches of mv_*_r8 (each re-reading the weights).
+func FloatMatmulLaunch(d quant.DType, rows, T, sms int) (name string, grid, block driver.Dim3) {
 	fam, _ := mvFamily(d)
-	return "mm_" + fam, driver.D2((rows+31)/32, (T+31)/32), driver.D1(256)
+	gx := (rows + 31) / 32
+	if sms <= 0 {
+		sms = DefaultSMs
+	}
+	if gx*((T+31)/32) < sms {
+		return "mm_" + fam + "_t16", driver.D2(gx, (T+15)/16), driver.D1(256)
+	}
+	return "mm_" + fam, driver.D2(gx, (T+31)/32), driver.D1(256)
 }
 
 // MatvecShared is the dynamic shared memory of a quantized-activation
@@ -290,7 +299,7 @@ func matvecCalls(d quant.DType, W Ptr, rows, cols int, x Ptr, ldx int, y Ptr, ld
 	}
 	if R > MaxMatvecRows {
 		a := new(driver.Args).Ptr(W).Int(rows).Int(cols).Ptr(x).Int(ldx).Ptr(y).Int(ldy).Int(R).Ptr(bias).Int(b2i(accumulate))
-		name, grid, block := FloatMatmulLaunch(d, rows, R)
+		name, grid, block := FloatMatmulLaunch(d, rows, R, sms)
 		return one(name, grid, block, 0, a), nil
 	}
 	name, cfg, err := MatvecLaunch(d, rows, cols, R, sms)
@@ -706,8 +715,8 @@ type GemmQ struct {
 	F16 bool
 	// More: up to two more tensors of the same format and width over the
 	// same activations (q|k|v, gate|up), their outputs Y's columns after
-	// Rows (then after Rows + More[0].Rows); only the wide tiles (T ≤ 64)
-	// take them.
+	// Rows (then after Rows + More[0].Rows): the wide tiles (T ≤ 64) and
+	// above 64 rows GemmQStacked take them.
 	More []GemmQPart
 	// SwiGLU (F16 only, g over gate and one more tensor, up, of as many
 	// rows, no accumulate): instead of writing Y, the launch writes
@@ -785,6 +794,42 @@ func (g GemmQ) PackWide(a *driver.Args, T int) *driver.Args {
 		Int(b2i(g.Accumulate))
 }
 
+// GemmQStacked is the tile suffix of stacked tensors over more than 64
+// rows: gemmq_<fam>_t64s, _t64's tile with grid z over the tensors and the
+// wide tiles' parameters.
+const GemmQStacked = "_t64s"
+
+// Suffix is the tile g takes over T rows of family fam: GemmQStacked for
+// stacked tensors (More) over more than 64 rows, else GemmQSuffix's choice
+// for their stacked rows.
+func (g GemmQ) Suffix(fam string, T int) string {
+	if len(g.More) > 0 && T > 64 {
+		return GemmQStacked
+	}
+	return GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
+}
+
+// WideParams reports whether tile suffix takes the wide tiles' parameters
+// (PackWide: three tensors) rather than Pack's.
+func WideParams(suffix string) bool { return strings.HasPrefix(suffix, "_w") || suffix == GemmQStacked }
+
+// Launch is the launch of g's tile suffix of family fam over T rows:
+// GemmQLaunch's, or for GemmQStacked grid (⌈the largest tensor's rows /
+// 128⌉, ⌈T/64⌉, tensors), 256 threads.
+func (g GemmQ) Launch(fam, suffix string, T int) (string, driver.Config, error) {
+	if suffix != GemmQStacked {
+		return GemmQLaunch(fam, suffix, g.StackedRows(), T)
+	}
+	if fam != "q8row" && fam != "q4tp" {
+		return "", driver.Config{}, fmt.Errorf("kern: no int8 gemm tile gemmq_%s%s", fam, suffix)
+	}
+	n := g.Rows
+	for _, p := range g.More {
+		n = max(n, p.Rows)
+	}
+	return "gemmq_" + fam + suffix, driver.Config{Grid: driver.D3((n+127)/128, (T+63)/64, 1+len(g.More)), Block: driver.D1(256)}, nil
+}
+
 // Calls returns the two launches of g over T rows for format d (q8_2f: X
 // already prescaled).
 func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
@@ -817,24 +862,24 @@ func (g GemmQ) Calls(d quant.DType, T int) ([]call, error) {
 	if g.SwiGLU != 0 {
 		return nil, fmt.Errorf("kern: a SwiGLU epilogue on the int8 gemm (only the half wide tiles have it)")
 	}
-	suffix := GemmQSuffix(fam, g.StackedRows(), g.Cols, T)
+	suffix := g.Suffix(fam, T)
 	if g.ForceTile {
 		suffix = g.Tile
 	}
-	if len(g.More) > 0 && !strings.HasPrefix(suffix, "_w") {
-		return nil, fmt.Errorf("kern: int8 gemm tile gemmq_%s%s over %d stacked tensors (only the wide tiles take them)", fam, suffix, 1+len(g.More))
+	if len(g.More) > 0 && !WideParams(suffix) {
+		return nil, fmt.Errorf("kern: int8 gemm tile gemmq_%s%s over %d stacked tensors (only the wide and %s tiles take them)", fam, suffix, 1+len(g.More), GemmQStacked)
 	}
 	qname, qa := "gemmq_actq", g.PackQuant(new(driver.Args), GemmQPerm(fam, suffix))
 	if g.Pro != ProPlain {
 		qname, qa = "gemmq_actq_pro", g.PackQuantPro(new(driver.Args), GemmQPerm(fam, suffix), g.Pro, g.ProU, g.ProW, g.ProEps)
 	}
 	cfg := ActProLaunch(g.Cols, T, g.Pro)
-	name, gcfg, err := GemmQLaunch(fam, suffix, g.StackedRows(), T)
+	name, gcfg, err := g.Launch(fam, suffix, T)
 	if err != nil {
 		return nil, err
 	}
 	ga := g.Pack(new(driver.Args), T)
-	if strings.HasPrefix(suffix, "_w") {
+	if WideParams(suffix) {
 		ga = g.PackWide(new(driver.Args), T)
 	}
 	return []call{{qname, cfg, qa}, {name, gcfg, ga}}, nil

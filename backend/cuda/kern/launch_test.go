@@ -31,6 +31,9 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		for R := 1; R <= 17; R++ {
 			add(matvecCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, R, 0, true, 0))
 		}
+		if !quantizedActs(d) { // the float product's 32-token tile (the small ones above take _t16)
+			add(matvecCalls(d, 0x1000, 4096, 256, 0x2000, 256, 0x3000, 4096, 512, 0, false, 132))
+		}
 		add(gemmCalls(d, 0x1000, 64, 256, 0x2000, 256, 0x3000, 64, 100, 0x4000, false))    // 64-token tile
 		add(gemmCalls(d, 0x1000, 14336, 4096, 0x2000, 4096, 0x3000, 14336, 512, 0, false)) // 128-token tile
 		add(embedCalls(d, 0x1000, 64, 256, 0x2000, 0x3000, 256, 3))
@@ -41,6 +44,10 @@ func TestLaunchersMatchManifest(t *testing.T) {
 					add(GemmQ{W: 0x1000, Rows: rows, Cols: 4096, X: 0x2000, Ldx: 4096, Quants: 0x3000, Scales: 0x4000,
 						Y: 0x5000, Ldy: 14336, Bias: 0x6000}.Calls(d, T))
 				}
+			}
+			for _, T := range []int{100, 512} { // q|k|v stacked above 64 rows (GemmQStacked)
+				add(GemmQ{W: 0x1000, Rows: 4096, Cols: 2048, X: 0x2000, Ldx: 2048, Quants: 0x3000, Scales: 0x4000,
+					Y: 0x5000, Ldy: 5120, More: []GemmQPart{{W: 0x7000, Rows: 512}, {W: 0x8000, Rows: 512}}}.Calls(d, T))
 			}
 			for _, pro := range []int{ProNorm, ProNorm1, ProSilu} { // the quantizer's prologues
 				add(GemmQ{W: 0x1000, Rows: 4096, Cols: 4096, X: 0x2000, Ldx: 8192, Quants: 0x3000, Scales: 0x4000,

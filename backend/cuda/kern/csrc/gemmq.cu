@@ -995,6 +995,25 @@ __device__ __forceinline__ void gemmq_wide(const uint8_t* __restrict__ W0, const
   extern "C" __global__ void __cluster_dims__(1, KS, 1) __launch_bounds__(GQ_THREADS, 2) gemmq_##name(GEMMQW_PARAMS) { \
     gemmq_wide<F, FT, KS, NS>(W0, W1, W2, rows0, rows1, rows2, cols, XQ, D, Y, ldy, T, b0, b1, b2, accumulate);     \
   }
+// gemmq_<fmt>_t64s: gemmq_<fmt>_t64 over up to three tensors of the same
+// width and activations (a prefill chunk's q|k|v, gate|up), the wide
+// tiles' parameters: grid z picks the tensor (its rows' outputs at Y's
+// columns after the tensors before it), blocks past a tensor's rows exit
+// at once. One launch where three left the GPU mostly idle (k and v of 512
+// rows: 32 blocks each at T = 512). Launch: grid (⌈max rows/128⌉, ⌈T/64⌉,
+// tensors), block 256 (kern.GemmQ.Launch); quants in _t64's order.
+#define GEMMQ_T64S(name, F, MB)                                                                              \
+  extern "C" __global__ void __launch_bounds__(GQ_THREADS, MB) gemmq_##name##_t64s(GEMMQW_PARAMS) {          \
+    const int z = blockIdx.z;                                                                                \
+    const int rows = z == 0 ? rows0 : z == 1 ? rows1 : rows2;                                                \
+    if ((int)blockIdx.x * 128 >= rows) return;                                                               \
+    gemmq_body<F, 64, 128, 2, 2>(z == 0 ? W0 : z == 1 ? W1 : W2, rows, cols, XQ, D,                          \
+                                 Y + (z == 0 ? 0 : z == 1 ? rows0 : rows0 + rows1), ldy, T,                  \
+                                 z == 0 ? b0 : z == 1 ? b1 : b2, accumulate);                                \
+  }
+GEMMQ_T64S(q8row, GemmQQ8, 2)
+GEMMQ_T64S(q4tp, GemmQQ4TP, 1)
+
 // The deep variants _w64k<KS>d: one block an SM (255 registers: every
 // group of a chunk unrolled) and a 4-stage ring, for comparison
 // (kern.GemmQTile.Deep; GemmQSuffix does not pick them).

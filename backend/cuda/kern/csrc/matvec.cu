@@ -738,14 +738,16 @@ extern "C" __global__ void q82f_prescale(const uint8_t* __restrict__ W, long lon
 // over a 512-row chunk: 64 launches of 16 blocks). Exact float32
 // arithmetic, unlike gemm_*'s bf16 tensor cores: routing decisions stay
 // the matvec's (the sums differ from it only in their order).
-// A block of 256 threads takes 32 weight rows × 32 tokens: each K chunk of
+// A block of 256 threads takes 32 weight rows × TT tokens (mm_*: 32,
+// mm_*_t16: 16, for grids that would not fill the GPU): each K chunk of
 // MM_K columns is staged in shared memory (the next chunk's loads in flight
-// during the FMAs), and four slices of 64 threads each take a quarter of
-// the chunk, a thread 4 rows × 4 tokens of it; the slices' sums are added
-// in slice order at the end (deterministic). Params as gemm_*: (W, rows,
-// cols, x, ldx, y, ldy, T, bias, accumulate). Launch: grid (⌈rows/32⌉,
-// ⌈T/32⌉), block 256 (kern.FloatMatmulLaunch). The 16-byte path needs W
-// and x 16-byte aligned, ldx % 4 == 0 and cols % 8 == 0; else element loads.
+// during the FMAs), and 256 / (2·TT) slices of 2·TT threads each take a
+// share of the chunk, a thread 4 rows × 4 tokens of it; the slices' sums
+// are added in slice order at the end (deterministic). Params as gemm_*:
+// (W, rows, cols, x, ldx, y, ldy, T, bias, accumulate). Launch: grid
+// (⌈rows/32⌉, ⌈T/TT⌉), block 256 (kern.FloatMatmulLaunch). The 16-byte
+// path needs W and x 16-byte aligned, ldx % 4 == 0 and cols % 8 == 0; else
+// element loads.
 #define MM_T 32
 #define MM_K 64
 
@@ -759,23 +761,27 @@ __device__ __forceinline__ void mm_load8(const uint8_t* row, int k, float* w) {
   }
 }
 
-template <class F>
+template <class F, int TT>
 __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows, int cols, const float* __restrict__ x,
                                         int ldx, float* __restrict__ y, int ldy, int T, const float* __restrict__ bias,
                                         int accumulate) {
-  __shared__ __align__(16) float sm[2 * MM_T * (MM_K + 4)];
+  constexpr int ST = 2 * TT, NS = 256 / ST, KS = MM_K / NS;  // threads a slice, slices, columns a slice
+  constexpr int EX = TT * MM_K / 256, XR = MM_K / EX;        // x columns a thread loads, loaders a token
+  constexpr int TILES = (MM_T + TT) * (MM_K + 4), RED = (NS - 1) * 16 * ST;
+  static_assert(KS % 4 == 0 && EX % 4 == 0 && TT % 4 == 0, "mm tile");
+  __shared__ __align__(16) float sm[TILES > RED ? TILES : RED];
   float(*ws)[MM_K + 4] = reinterpret_cast<float(*)[MM_K + 4]>(sm);
   float(*xs)[MM_K + 4] = reinterpret_cast<float(*)[MM_K + 4]>(sm + MM_T * (MM_K + 4));
   pdl_trigger();
-  const int tid = threadIdx.x, sl = tid >> 6, l = tid & 63, tx = l & 7, ty = l >> 3;
-  const int o0 = blockIdx.x * MM_T, t0 = blockIdx.y * MM_T;
+  const int tid = threadIdx.x, sl = tid / ST, l = tid % ST, tx = l & 7, ty = l >> 3;
+  const int o0 = blockIdx.x * MM_T, t0 = blockIdx.y * TT;
   const size_t rb = (size_t)cols * F::ES;
   const bool vec = aligned16(W) && rb % 16 == 0 && aligned16(x) && ldx % 4 == 0 && cols % 8 == 0;
-  // The loader: 8 consecutive columns of one weight row and of one token.
-  const int lr = tid >> 3, lk = (tid & 7) * 8;
+  // The loaders: 8 consecutive columns of one weight row, EX of one token.
+  const int lr = tid >> 3, lk = (tid & 7) * 8, xr = tid / XR, xk = (tid % XR) * EX;
   const uint8_t* wrow = W + (size_t)min(o0 + lr, rows - 1) * rb;
-  const float* xrow = x + (size_t)min(t0 + lr, T - 1) * ldx;
-  float wv[8], xv[8];
+  const float* xrow = x + (size_t)min(t0 + xr, T - 1) * ldx;
+  float wv[8], xv[EX];
   auto load_w = [&](int k0) {
     const int k = k0 + lk;
     if (vec) {
@@ -791,18 +797,16 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows,
     }
   };
   auto load_x = [&](int k0) {
-    const int k = k0 + lk;
+    const int k = k0 + xk;
     if (vec) {
-      float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-      if (k < cols) {
-        a = *(const float4*)(xrow + k);
-        b = *(const float4*)(xrow + k + 4);
+#pragma unroll
+      for (int q = 0; q < EX / 4; q++) {
+        const float4 a = k < cols ? *(const float4*)(xrow + k + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        xv[4 * q] = a.x; xv[4 * q + 1] = a.y; xv[4 * q + 2] = a.z; xv[4 * q + 3] = a.w;
       }
-      xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w;
-      xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; j++) xv[j] = k + j < cols ? xrow[k + j] : 0.0f;
+      for (int j = 0; j < EX; j++) xv[j] = k + j < cols ? xrow[k + j] : 0.0f;
     }
   };
   float acc[4][4];
@@ -817,21 +821,21 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows,
     __syncthreads();  // the previous chunk's FMAs are done with the tiles
     *(float4*)&ws[lr][lk] = make_float4(wv[0], wv[1], wv[2], wv[3]);
     *(float4*)&ws[lr][lk + 4] = make_float4(wv[4], wv[5], wv[6], wv[7]);
-    *(float4*)&xs[lr][lk] = make_float4(xv[0], xv[1], xv[2], xv[3]);
-    *(float4*)&xs[lr][lk + 4] = make_float4(xv[4], xv[5], xv[6], xv[7]);
+#pragma unroll
+    for (int q = 0; q < EX / 4; q++) *(float4*)&xs[xr][xk + 4 * q] = make_float4(xv[4 * q], xv[4 * q + 1], xv[4 * q + 2], xv[4 * q + 3]);
     __syncthreads();
     if (k0 + MM_K < cols) {
       load_w(k0 + MM_K);
       load_x(k0 + MM_K);
     }
 #pragma unroll
-    for (int q = 0; q < MM_K / 16; q++) {
-      const int kk = sl * (MM_K / 4) + 4 * q;
+    for (int q = 0; q < KS / 4; q++) {
+      const int kk = sl * KS + 4 * q;
       float4 a[4], b[4];
 #pragma unroll
       for (int i = 0; i < 4; i++) a[i] = *(const float4*)&ws[tx + 8 * i][kk];
 #pragma unroll
-      for (int j = 0; j < 4; j++) b[j] = *(const float4*)&xs[ty + 8 * j][kk];
+      for (int j = 0; j < 4; j++) b[j] = *(const float4*)&xs[ty + (TT / 4) * j][kk];
 #pragma unroll
       for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -845,15 +849,15 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows,
         }
     }
   }
-  // Slices 1-3 hand their sums to slice 0 (slot (i·4 + j)·64 + l of their
-  // third of the tiles' memory: conflict-free), which adds them in order.
+  // Slices 1.. hand their sums to slice 0 (slot (i·4 + j)·ST + l of their
+  // share of the tiles' memory: conflict-free), which adds them in order.
   __syncthreads();
   if (sl > 0) {
-    float* red = sm + (sl - 1) * 16 * 64;
+    float* red = sm + (sl - 1) * 16 * ST;
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-      for (int j = 0; j < 4; j++) red[(i * 4 + j) * 64 + l] = acc[i][j];
+      for (int j = 0; j < 4; j++) red[(i * 4 + j) * ST + l] = acc[i][j];
   }
   __syncthreads();
   if (sl > 0) return;
@@ -861,10 +865,10 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows,
   for (int i = 0; i < 4; i++)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      const int o = o0 + tx + 8 * i, t = t0 + ty + 8 * j;
+      const int o = o0 + tx + 8 * i, t = t0 + ty + (TT / 4) * j;
       float v = acc[i][j];
 #pragma unroll
-      for (int s = 0; s < 3; s++) v += sm[s * 16 * 64 + (i * 4 + j) * 64 + l];
+      for (int s = 0; s < NS - 1; s++) v += sm[s * 16 * ST + (i * 4 + j) * ST + l];
       if (o < rows && t < T) mv_store(y + (size_t)t * ldy + o, v, bias, o, accumulate);
     }
 }
@@ -873,6 +877,9 @@ __device__ __forceinline__ void mm_body(const uint8_t* __restrict__ W, int rows,
   const uint8_t *__restrict__ W, int rows, int cols, const float *__restrict__ x, int ldx, float *__restrict__ y, \
       int ldy, int T, const float *__restrict__ bias, int accumulate
 #define MM_ARGS W, rows, cols, x, ldx, y, ldy, T, bias, accumulate
-extern "C" __global__ void __launch_bounds__(256) mm_f32(MM_PARAMS) { mm_body<FmtF32>(MM_ARGS); }
-extern "C" __global__ void __launch_bounds__(256) mm_f16(MM_PARAMS) { mm_body<FmtF16>(MM_ARGS); }
-extern "C" __global__ void __launch_bounds__(256) mm_bf16(MM_PARAMS) { mm_body<FmtBF16>(MM_ARGS); }
+#define MM_KERNELS(name, F)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) mm_##name(MM_PARAMS) { mm_body<F, 32>(MM_ARGS); }         \
+  extern "C" __global__ void __launch_bounds__(256) mm_##name##_t16(MM_PARAMS) { mm_body<F, 16>(MM_ARGS); }
+MM_KERNELS(f32, FmtF32)
+MM_KERNELS(f16, FmtF16)
+MM_KERNELS(bf16, FmtBF16)
