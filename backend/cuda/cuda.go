@@ -108,6 +108,10 @@ type Options struct {
 	// tensor-core attn_mma_h (q·scale and the softmax weights rounded to
 	// f16; hd 64 or 128). CORTIQ_CUDA_ATTN=tiles sets it.
 	NoAttnMMA bool
+	// AttnMMAAll runs every step's attention with the f16 cache on
+	// attn_mma_h where the head fits, decode steps included (an
+	// experiment's switch: CORTIQ_CUDA_ATTN=mma).
+	AttnMMAAll bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
@@ -208,8 +212,11 @@ func Open(opt Options) (*Device, error) {
 			opt.PDLRows = n
 		}
 	}
-	if os.Getenv("CORTIQ_CUDA_ATTN") == "tiles" {
+	switch os.Getenv("CORTIQ_CUDA_ATTN") {
+	case "tiles":
 		opt.NoAttnMMA = true
+	case "mma":
+		opt.AttnMMAAll = true
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {

@@ -1264,7 +1264,7 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		// layer of it).
 		o := w.O.(*mat)
 		prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
-		if (outh != 0 || prefill) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
+		if (outh != 0 || prefill || d.opt.AttnMMAAll) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
 			st.launch(kern.AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*kern.AttnMMAWarps(hd)), kern.AttnMMAShared(hd))
 		} else {
 			st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
