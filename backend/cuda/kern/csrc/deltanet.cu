@@ -96,7 +96,9 @@ __device__ __forceinline__ double dn_softplus(double x) { return x > 20.0 ? x : 
 //   out[r][h·dv + j] = nw[j]·(o_j·rms⁻¹(o)) · silu(z_j)   (eps: RMSNorm's)
 // The block is P groups of dvp = ⌈dv/32⌉·32 threads: thread (p, j) owns the
 // rows i ≡ p (mod P) of column j of S (no synchronisation on S); Sᵀk and
-// Sᵀq are summed over the groups' partials in group order. Launch: grid
+// Sᵀq are summed over the groups' partials in group order. A row's inputs
+// (q, k, v, a, b, z) are loaded during the row before (same arithmetic:
+// the chain of rows waits on no global load). Launch: grid
 // (nv, the step's sequences), block DNRuleThreads(dv) (P·dvp, P =
 // clamp(512/dvp, 1, 8)), dynamic shared DNRuleShared: 4·(dk·dv + 2·dk +
 // P·dvp).
@@ -137,17 +139,50 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
   for (int i = tid; i < dk * dv; i += blockDim.x) S[i] = gS[i];
   const double ea = exp((double)alog[h]), bias = (double)dtb[h];
   const float qs = (float)(1.0 / sqrt((double)dk));
-  for (int r = r0; r < R && slot[r] == s; r++) {
+  // Each row's inputs from global memory (its q, k element, v_j, a, b,
+  // z_j and whether the next row is this sequence's) are loaded while the
+  // row before is computed: the recurrence's chain waits on no load. A
+  // thread holds one key element, so a block of fewer threads than dk
+  // loops as before (pre: 0).
+  const bool pre = blockDim.x >= (unsigned)dk;
+  const bool lead = on && pg == 0;  // one thread per column writes
+  float nqa = 0.0f, nka = 0.0f, nvj = 0.0f, na = 0.0f, nb = 0.0f, nz = 0.0f;
+  auto fetch = [&](int r) {
     const float* c = conv + (size_t)r * ldc;
     const float* p = proj + (size_t)r * ldp;
+    if (pre && tid < dk) {
+      nqa = c[kh * dk + tid];
+      nka = c[kd + kh * dk + tid];
+    }
+    if (on) nvj = c[2 * kd + h * dv + j];
+    na = p[ac];
+    nb = p[bc];
+    if (lead) nz = p[zc + j];
+  };
+  fetch(r0);
+  bool more = true;
+  for (int r = r0; more; r++) {
+    const float* c = conv + (size_t)r * ldc;
+    const float qa = nqa, ka = nka, vj = nvj, pa = na, pb = nb, zj = nz;
+    more = r + 1 < R && slot[r + 1] == s;
+    if (more) fetch(r + 1);
     __syncthreads();  // the previous row's reads of q and k are done
     double sq = 0.0, sk = 0.0;
-    for (int i = tid; i < dk; i += blockDim.x) {
-      const float a = c[kh * dk + i], b = c[kd + kh * dk + i];
-      q[i] = a;
-      k[i] = b;
-      sq += (double)a * a;
-      sk += (double)b * b;
+    if (pre) {
+      if (tid < dk) {
+        q[tid] = qa;
+        k[tid] = ka;
+        sq = (double)qa * qa;
+        sk = (double)ka * ka;
+      }
+    } else {
+      for (int i = tid; i < dk; i += blockDim.x) {
+        const float a = c[kh * dk + i], b = c[kd + kh * dk + i];
+        q[i] = a;
+        k[i] = b;
+        sq += (double)a * a;
+        sk += (double)b * b;
+      }
     }
     sq = block_sum_d(sq, red);
     sk = block_sum_d(sk, red);
@@ -157,8 +192,8 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
       k[i] = k[i] * ik;
     }
     __syncthreads();
-    const float g = (float)(-ea * dn_softplus((double)p[ac] + bias));
-    const float beta = (float)(1.0 / (1.0 + exp(-(double)p[bc])));
+    const float g = (float)(-ea * dn_softplus((double)pa + bias));
+    const float beta = (float)(1.0 / (1.0 + exp(-(double)pb)));
     const float eg = (float)exp((double)g);
     float u = 0.0f;
     if (on) {
@@ -172,7 +207,7 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
     __syncthreads();
     u = 0.0f;
     for (int g2 = 0; g2 < P; g2++) u += part[g2 * dvp + j];
-    const float d = on ? beta * (c[2 * kd + h * dv + j] - u) : 0.0f;
+    const float d = on ? beta * (vj - u) : 0.0f;
     __syncthreads();  // every partial of Sᵀk is read
     float o = 0.0f;
     if (on) {
@@ -186,11 +221,10 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
     __syncthreads();
     o = 0.0f;
     for (int g2 = 0; g2 < P; g2++) o += part[g2 * dvp + j];
-    const bool lead = on && pg == 0;  // one thread per column writes
     const double ss = block_sum_d(lead ? (double)o * o : 0.0, red);
     if (lead) {
-      const float inv = rms_inv(ss, dv, eps), z = p[zc + j];
-      out[(size_t)r * ldo + h * dv + j] = rms_apply(o, inv, nw[j], 0) * (z / (1.0f + expf(-z)));
+      const float inv = rms_inv(ss, dv, eps);
+      out[(size_t)r * ldo + h * dv + j] = rms_apply(o, inv, nw[j], 0) * (zj / (1.0f + expf(-zj)));
     }
   }
   __syncthreads();
