@@ -1723,7 +1723,9 @@ func TestKVF16KeepsFloatModelsF32(t *testing.T) {
 // TestPrefillChunksTakeAttnMMA: with the float16 cache, a step of more
 // than 64 rows over a quantized o_proj (a prefill chunk) runs its
 // attention on attn_mma_h; a step of 40 rows (the int8 wide tiles) and,
-// with Options.NoAttnMMA, the long one keep attn_tiles_h. Numerically
+// with Options.NoAttnMMA, the long one keep attn_tiles_h; the long one's
+// q|k|v is one gemmq_q4tp_t64s launch with the norm in its quantizer (no
+// rmsnorm; the 40-row step takes the wide tiles' stack). Numerically
 // (the fake's model of both kernels) the logits of both paths agree with
 // the CPU's float32 cache within TestParitySuiteNumericOnFakeKVF16's 1e-4.
 func TestPrefillChunksTakeAttnMMA(t *testing.T) {
@@ -1767,6 +1769,18 @@ func TestPrefillChunksTakeAttnMMA(t *testing.T) {
 		}
 		if first != tc.want {
 			t.Errorf("%d rows (NoAttnMMA %v): the prefill's attention ran %q, want %s", tc.rows, tc.noMMA, first, tc.want)
+		}
+		// The chunk's q|k|v: one stacked launch above 64 rows
+		// (kern.GemmQStacked) with input_layernorm in its quantizer.
+		ran := map[string]bool{} // the prefill step's kernels before its attention
+		for _, call := range f.calls {
+			if strings.HasPrefix(call.name, "attn_") {
+				break
+			}
+			ran[call.name] = true
+		}
+		if stacked := ran["gemmq_q4tp"+kern.GemmQStacked]; stacked != (tc.rows > 64) || stacked && (ran["rmsnorm"] || !ran["gemmq_actq_pro"]) {
+			t.Errorf("%d rows: q|k|v stacked %v, rmsnorm %v, gemmq_actq_pro %v before the attention", tc.rows, stacked, ran["rmsnorm"], ran["gemmq_actq_pro"])
 		}
 	}
 }

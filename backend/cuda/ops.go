@@ -260,8 +260,8 @@ func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) 
 // for M rows of width at most w: the router logits, ids and weights, the
 // per-slot gate|up and down outputs, the shared expert's buffers, and the
 // grouped path's sorted rows (kern.MoETiles tiles of kern.MoETile: their
-// gate|up, SwiGLU and down outputs, int8 quants and scales, the sort's maps)
-// with the rows' own quants.
+// gate|up and down outputs, int8 quants and scales, the sort's maps) with
+// the rows' own quants.
 func moeScratchBytes(M, w int64, e backend.MoEShape) int64 {
 	E, k, I, S := int64(e.Experts), int64(e.TopK), int64(e.Inter), int64(e.SharedInter)
 	n := 4*M*E + 8*M*k + 4*M*k*(2*I+w)
@@ -270,7 +270,7 @@ func moeScratchBytes(M, w int64, e backend.MoEShape) int64 {
 	}
 	rows := int64(kern.MoETiles(int(M*k), int(E))) * kern.MoETile
 	wq := max(w, I)
-	n += 4*rows*(3*I+w) + rows*wq + 4*rows*(wq/32+1) // gu, h, y; quants and scales
+	n += 4*rows*(2*I+w) + rows*wq + 4*rows*(wq/32+1) // gu, y; quants and scales
 	n += 4*rows + 4*M*k + 4*rows/kern.MoETile        // perm, inv, tiles
 	n += M*w + 4*M*(w/32+1)                          // the rows' own quants
 	return n
