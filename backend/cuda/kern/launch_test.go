@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cortiq/cortiq/backend/cuda/driver"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -412,5 +413,37 @@ func TestMoEGLUCalls(t *testing.T) {
 	}
 	if MoEGLUFits(quant.Q4TP, 2050) || !MoEGLUFits(quant.Q4TP, 32) {
 		t.Fatal("MoEGLUFits: rows of whole groups up to 128 groups")
+	}
+}
+
+// TestPrefillLaunchShapes: the float product takes 16-token tiles when
+// 32-token ones would leave multiprocessors idle (a 128-expert router over
+// 512 rows: 64 blocks → 128), else 32; stacked tensors above 64 rows take
+// GemmQStacked with grid z over them and x over the largest, at most 64
+// rows the wide tiles, one tensor GemmQSuffix's tile.
+func TestPrefillLaunchShapes(t *testing.T) {
+	if n, g, b := FloatMatmulLaunch(quant.F32, 128, 512, 132); n != "mm_f32_t16" || g != driver.D2(4, 32) || b != driver.D1(256) {
+		t.Errorf("router 128×2048 over 512 rows: %s %v %v", n, g, b)
+	}
+	if n, g, _ := FloatMatmulLaunch(quant.BF16, 4096, 512, 132); n != "mm_bf16" || g != driver.D2(128, 16) {
+		t.Errorf("4096 rows over 512: %s %v", n, g)
+	}
+	qkv := GemmQ{W: 0x1000, Rows: 4096, Cols: 2048, More: []GemmQPart{{W: 0x2000, Rows: 512}, {W: 0x3000, Rows: 512}}}
+	if s := qkv.Suffix("q4tp", 512); s != GemmQStacked {
+		t.Errorf("q|k|v over 512 rows: tile %q", s)
+	}
+	name, cfg, err := qkv.Launch("q4tp", GemmQStacked, 512)
+	if err != nil || name != "gemmq_q4tp_t64s" || cfg.Grid != driver.D3(32, 8, 3) || cfg.Block != driver.D1(256) {
+		t.Errorf("q|k|v over 512 rows: %s %+v %v", name, cfg, err)
+	}
+	if s := qkv.Suffix("q4tp", 64); !strings.HasPrefix(s, "_w") {
+		t.Errorf("q|k|v over 64 rows: tile %q, want a wide one", s)
+	}
+	one := GemmQ{W: 0x1000, Rows: 4096, Cols: 2048}
+	if s := one.Suffix("q4tp", 512); s != GemmQSuffix("q4tp", 4096, 2048, 512) || WideParams(s) {
+		t.Errorf("one tensor over 512 rows: tile %q", s)
+	}
+	if _, _, err := qkv.Launch("f32", GemmQStacked, 512); err == nil {
+		t.Error("a stacked int8 tile for f32 accepted")
 	}
 }
