@@ -274,6 +274,16 @@ func build(dev backend.Device, c Case, seed uint64) (*net, error) {
 	return n, err
 }
 
+// CaseNamed returns the case of Cases called name, or false.
+func CaseNamed(name string) (Case, bool) {
+	for _, c := range Cases() {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Case{}, false
+}
+
 // Step is one step of a schedule: for each listed sequence, the number of
 // new tokens it gets.
 type Step []struct{ Seq, Tokens int }

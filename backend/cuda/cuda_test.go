@@ -368,13 +368,8 @@ func TestGPUMMQParity(t *testing.T) {
 // TestGPUParityKVF16's 1e-4 of the CPU's float32 cache, and within 1e-4 of
 // the same device on attn_tiles_h (Options.NoAttnMMA).
 func TestGPUPrefillAttentionMMA(t *testing.T) {
-	var base backendtest.Case
-	for _, c := range backendtest.Cases() {
-		if c.Name == "attention/q4tp/hd64" {
-			base = c
-		}
-	}
-	if base.Name == "" {
+	base, ok := backendtest.CaseNamed("attention/q4tp/hd64")
+	if !ok {
 		t.Fatal("no attention/q4tp/hd64 case in backendtest.Cases")
 	}
 	mma := open(t, cuda.Options{Seqs: 1, Ctx: 128, MaxRows: 128, KVF16: true})

@@ -1729,13 +1729,8 @@ func TestKVF16KeepsFloatModelsF32(t *testing.T) {
 // (the fake's model of both kernels) the logits of both paths agree with
 // the CPU's float32 cache within TestParitySuiteNumericOnFakeKVF16's 1e-4.
 func TestPrefillChunksTakeAttnMMA(t *testing.T) {
-	var k backendtest.Case
-	for _, c := range backendtest.Cases() {
-		if c.Name == "attention/q4tp/hd64" {
-			k = c
-		}
-	}
-	if k.Name == "" {
+	k, ok := backendtest.CaseNamed("attention/q4tp/hd64")
+	if !ok {
 		t.Fatal("no attention/q4tp/hd64 case in backendtest.Cases")
 	}
 	c := cpu.New(1)

@@ -1259,9 +1259,10 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		// A half-GEMM step (its activations are f16 anyway) or a prefill
 		// chunk of more than 64 rows whose o_proj quantizes the output to
 		// int8 blocks next: the tensor-core attention, same parameters and
-		// outputs (pp512 of the 30B-A3B shape 8,862 → 10,924 tok/s on the
-		// H200; attn_tiles_h, a row a block on CUDA cores, took 302 µs a
-		// layer of it).
+		// outputs (`cortiq bench -p 512` of the 30B-A3B synth on the H200,
+		// against attn_tiles_h in the same call: 8,862 → 10,924 tok/s;
+		// attn_tiles_h, a row a block on CUDA cores, took 302 µs a layer:
+		// docs/benchmarks.md, stop 27 run 2).
 		o := w.O.(*mat)
 		prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
 		if (outh != 0 || prefill || d.opt.AttnMMAAll) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
