@@ -112,6 +112,11 @@ type Options struct {
 	// attn_mma_h where the head fits, decode steps included (an
 	// experiment's switch: CORTIQ_CUDA_ATTN=mma).
 	AttnMMAAll bool
+	// NoRopeFold runs decode steps' RoPE and K/V append as their own
+	// launch (rope_qk_append) before attn_tiles instead of inside the
+	// attention launch (attn_rope_tiles; the same bits):
+	// CORTIQ_CUDA_ROPE=apart sets it, for comparisons.
+	NoRopeFold bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
@@ -217,6 +222,9 @@ func Open(opt Options) (*Device, error) {
 		opt.NoAttnMMA = true
 	case "mma":
 		opt.AttnMMAAll = true
+	}
+	if os.Getenv("CORTIQ_CUDA_ROPE") == "apart" {
+		opt.NoRopeFold = true
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -513,40 +514,19 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 		}
 	case name == "rope_qk_append" || name == "rope_qk_append_h":
-		ld, nq, nkv, hd, rot, ms, ctx := c.int(1), c.int(2), c.int(3), c.int(4), c.int(5), c.f32(7), c.int(12)
-		R := int(g.Y)
-		qkv, inv := f.view(c.ptr(0), int(rowsSpan(R, ld, (nq+2*nkv)*hd)/4)), f.view(c.ptr(6), max(rot/2, 1))
-		pos, _ := f.ints(c.ptr(8), R)
-		slot, _ := f.ints(c.ptr(9), R)
-		per := f.seqs * nkv * ctx * hd
-		kc, vc := f.kv(c.ptr(10), per, name == "rope_qk_append_h"), f.kv(c.ptr(11), per, name == "rope_qk_append_h")
-		rotate := func(b, p int) {
-			for i := range rot / 2 {
-				ang := float32(p) * inv.at(i)
-				cs, sn := float32(math.Cos(float64(ang)))*ms, float32(math.Sin(float64(ang)))*ms
-				a, bb := qkv.at(b+i), qkv.at(b+i+rot/2)
-				qkv.set(b+i, a*cs-bb*sn)
-				qkv.set(b+i+rot/2, bb*cs+a*sn)
-			}
-		}
-		for r := range R {
-			for h := range nq + nkv {
-				if nw := c.ptr(13 + b2i(h >= nq)); nw != 0 { // the fused q/k norms
-					f.headNorm(qkv, r*ld+h*hd, hd, f.view(nw, hd), c.f32(15), c.int(16) != 0)
-				}
-				rotate(r*ld+h*hd, pos[r])
-			}
-			if pos[r] < 0 || pos[r] >= ctx {
-				continue
-			}
-			for j := range nkv {
-				base := ((slot[r]*nkv+j)*ctx + pos[r]) * hd
-				for d := range hd {
-					kc.set(base+d, qkv.at(r*ld+(nq+j)*hd+d))
-					vc.set(base+d, qkv.at(r*ld+(nq+nkv+j)*hd+d))
-				}
-			}
-		}
+		ld, nq, nkv, hd, ctx, R := c.int(1), c.int(2), c.int(3), c.int(4), c.int(12), int(g.Y)
+		qkv := f.view(c.ptr(0), int(rowsSpan(R, ld, (nq+2*nkv)*hd)/4))
+		f.ropeQKAppend(qkv, ld, nq, nkv, hd, c.int(5), c.ptr(6), c.f32(7), c.ptr(8), c.ptr(9), c.ptr(10), c.ptr(11), ctx,
+			c.ptr(13), c.ptr(14), c.f32(15), c.int(16) != 0, R, name == "rope_qk_append_h")
+	case name == "attn_rope_tiles" || name == "attn_rope_tiles_h":
+		// rope_qk_append on a copy of q|k|v (the kernel leaves it as it
+		// is), then attn_tiles over the copy.
+		ldq, nq, nkv, hd, ctx, R := c.int(1), c.int(10), c.int(11), c.int(12), c.int(13), int(g.Z)
+		f16 := name == "attn_rope_tiles_h"
+		qkv := f32s(bytes.Clone(f.view(c.ptr(0), int(rowsSpan(R, ldq, (nq+2*nkv)*hd)/4))))
+		f.ropeQKAppend(qkv, ldq, nq, nkv, hd, c.int(19), c.ptr(17), c.f32(18), c.ptr(4), c.ptr(5), c.ptr(2), c.ptr(3), ctx,
+			c.ptr(20), c.ptr(21), c.f32(22), c.int(23) != 0, R, f16)
+		f.attnTiles(c, qkv, f16, R)
 	case name == "attn_split":
 		ldq, nq, nkv, hd, ctx, nsplit, scale := c.int(1), c.int(7), c.int(8), c.int(9), c.int(10), c.int(11), c.f32(12)
 		R := int(g.Z)
@@ -623,71 +603,8 @@ func (f *fakeGPU) exec(c *fakeCall) {
 			}
 		}
 	case name == "attn_tiles" || name == "attn_tiles_h" || strings.HasPrefix(name, "attn_mma_h_d"):
-		// attn.cu's attn_tiles: split and merge in one launch; the
-		// result is the softmax-weighted sum over each row's positions
-		// (the splits only change the rounding), zeros for no position.
-		ldq, ldo, nq, nkv, hd, ctx, scale := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.f32(15)
-		R := int(g.Z)
-		q := f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*hd)/4))
-		per := f.seqs * nkv * ctx * hd
-		f16 := name != "attn_tiles"
-		kc, vc := f.kv(c.ptr(2), per, f16), f.kv(c.ptr(3), per, f16)
-		if nsplit := c.int(14); nsplit > 1 {
-			// The last-block merge needs its counters at zero on entry
-			// (bufZeroed's clear; the kernel leaves them zero).
-			cnt, _ := f.ints(c.ptr(7), R*nkv)
-			for i, v := range cnt {
-				if v != 0 {
-					f.t.Fatalf("fake: attn_tiles counter %d is %d at launch, want 0", i, v)
-				}
-			}
-		}
-		pos, _ := f.ints(c.ptr(4), R)
-		slot, _ := f.ints(c.ptr(5), R)
-		out := f.view(c.ptr(8), int(rowsSpan(R, ldo, nq*hd)/4))
-		G := nq / nkv
-		for r := range R {
-			n := min(max(pos[r]+1, 0), ctx)
-			for h := range nq {
-				base := (slot[r]*nkv + h/G) * ctx * hd
-				sc := make([]float64, n)
-				M := math.Inf(-1)
-				for t := range n {
-					var dot float64
-					for d := range hd {
-						dot += float64(q.at(r*ldq+h*hd+d)) * float64(kc.at(base+t*hd+d))
-					}
-					sc[t] = dot * float64(scale)
-					M = math.Max(M, sc[t])
-				}
-				var L float64
-				o := make([]float64, hd)
-				for t := range n {
-					p := math.Exp(sc[t] - M)
-					L += p
-					for d := range hd {
-						o[d] += p * float64(vc.at(base+t*hd+d))
-					}
-				}
-				for d := range hd {
-					v := 0.0
-					if L > 0 {
-						v = o[d] / L
-					}
-					out.set(r*ldo+h*hd+d, float32(v))
-				}
-			}
-		}
-		if c.ptr(16) != 0 { // the half GEMM's f16 copy, gemmh_acth's order
-			w := nq * hd
-			xh := f.bytesAt(c.ptr(16), 2*int64(R*w))
-			for r := range R {
-				for k := range w {
-					m, q := k&7, (k&31)>>3
-					binary.LittleEndian.PutUint16(xh[2*(r*w+k&^31+2*q+m>>2+8*(m&3)):], half.F32ToF16(kern.GemmHActivation(out.at(r*ldo+k))))
-				}
-			}
-		}
+		ldq, nq, R := c.int(1), c.int(10), int(g.Z)
+		f.attnTiles(c, f.view(c.ptr(0), int(rowsSpan(R, ldq, nq*c.int(12))/4)), name != "attn_tiles", R)
 	case name == "argmax":
 		// sample.cu's argmax: ties to the lowest index, NaN never chosen.
 		ld, n, R := c.int(1), c.int(2), int(g.X)
@@ -1008,6 +925,116 @@ func (f *fakeGPU) exec(c *fakeCall) {
 		f.execDN(c)
 	default:
 		f.t.Fatalf("fake: no model of kernel %s", name)
+	}
+}
+
+// ropeQKAppend is rope.cu's rope_qk_append over qkv (R rows of ld floats:
+// q | k | v heads of hd): the fused q/k norms (qw, kw: 0 for none), the
+// rotation of q and k in place, and k and v into the caches at each row's
+// position and slot.
+func (f *fakeGPU) ropeQKAppend(qkv f32s, ld, nq, nkv, hd, rot int, invP driver.DevicePtr, ms float32, posP, slotP, kcP, vcP driver.DevicePtr,
+	ctx int, qw, kw driver.DevicePtr, eps float32, onePlus bool, R int, f16 bool) {
+	inv := f.view(invP, max(rot/2, 1))
+	pos, _ := f.ints(posP, R)
+	slot, _ := f.ints(slotP, R)
+	per := f.seqs * nkv * ctx * hd
+	kc, vc := f.kv(kcP, per, f16), f.kv(vcP, per, f16)
+	rotate := func(b, p int) {
+		for i := range rot / 2 {
+			ang := float32(p) * inv.at(i)
+			cs, sn := float32(math.Cos(float64(ang)))*ms, float32(math.Sin(float64(ang)))*ms
+			a, bb := qkv.at(b+i), qkv.at(b+i+rot/2)
+			qkv.set(b+i, a*cs-bb*sn)
+			qkv.set(b+i+rot/2, bb*cs+a*sn)
+		}
+	}
+	for r := range R {
+		for h := range nq + nkv {
+			nw := qw
+			if h >= nq {
+				nw = kw
+			}
+			if nw != 0 { // the fused q/k norms
+				f.headNorm(qkv, r*ld+h*hd, hd, f.view(nw, hd), eps, onePlus)
+			}
+			rotate(r*ld+h*hd, pos[r])
+		}
+		if pos[r] < 0 || pos[r] >= ctx {
+			continue
+		}
+		for j := range nkv {
+			base := ((slot[r]*nkv+j)*ctx + pos[r]) * hd
+			for d := range hd {
+				kc.set(base+d, qkv.at(r*ld+(nq+j)*hd+d))
+				vc.set(base+d, qkv.at(r*ld+(nq+nkv+j)*hd+d))
+			}
+		}
+	}
+}
+
+// attnTiles is attn.cu's attn_tiles (and attn_mma_h's) over q (R rows of
+// c's ldq): split and merge in one launch; the result is the
+// softmax-weighted sum over each row's positions (the splits only change
+// the rounding), zeros for no position.
+func (f *fakeGPU) attnTiles(c *fakeCall, q f32s, f16 bool, R int) {
+	ldq, ldo, nq, nkv, hd, ctx, scale := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.f32(15)
+	per := f.seqs * nkv * ctx * hd
+	kc, vc := f.kv(c.ptr(2), per, f16), f.kv(c.ptr(3), per, f16)
+	if nsplit := c.int(14); nsplit > 1 {
+		// The last-block merge needs its counters at zero on entry
+		// (bufZeroed's clear; the kernel leaves them zero).
+		cnt, _ := f.ints(c.ptr(7), R*nkv)
+		for i, v := range cnt {
+			if v != 0 {
+				f.t.Fatalf("fake: attn_tiles counter %d is %d at launch, want 0", i, v)
+			}
+		}
+	}
+	pos, _ := f.ints(c.ptr(4), R)
+	slot, _ := f.ints(c.ptr(5), R)
+	out := f.view(c.ptr(8), int(rowsSpan(R, ldo, nq*hd)/4))
+	G := nq / nkv
+	for r := range R {
+		n := min(max(pos[r]+1, 0), ctx)
+		for h := range nq {
+			base := (slot[r]*nkv + h/G) * ctx * hd
+			sc := make([]float64, n)
+			M := math.Inf(-1)
+			for t := range n {
+				var dot float64
+				for d := range hd {
+					dot += float64(q.at(r*ldq+h*hd+d)) * float64(kc.at(base+t*hd+d))
+				}
+				sc[t] = dot * float64(scale)
+				M = math.Max(M, sc[t])
+			}
+			var L float64
+			o := make([]float64, hd)
+			for t := range n {
+				p := math.Exp(sc[t] - M)
+				L += p
+				for d := range hd {
+					o[d] += p * float64(vc.at(base+t*hd+d))
+				}
+			}
+			for d := range hd {
+				v := 0.0
+				if L > 0 {
+					v = o[d] / L
+				}
+				out.set(r*ldo+h*hd+d, float32(v))
+			}
+		}
+	}
+	if c.ptr(16) != 0 { // the half GEMM's f16 copy, gemmh_acth's order
+		w := nq * hd
+		xh := f.bytesAt(c.ptr(16), 2*int64(R*w))
+		for r := range R {
+			for k := range w {
+				m, q := k&7, (k&31)>>3
+				binary.LittleEndian.PutUint16(xh[2*(r*w+k&^31+2*q+m>>2+8*(m&3)):], half.F32ToF16(kern.GemmHActivation(out.at(r*ldo+k))))
+			}
+		}
 	}
 }
 
@@ -1776,6 +1803,63 @@ func TestPrefillChunksTakeAttnMMA(t *testing.T) {
 		}
 		if stacked := ran["gemmq_q4tp"+kern.GemmQStacked]; stacked != (tc.rows > 64) || stacked && (ran["rmsnorm"] || !ran["gemmq_actq_pro"]) {
 			t.Errorf("%d rows: q|k|v stacked %v, rmsnorm %v, gemmq_actq_pro %v before the attention", tc.rows, stacked, ran["rmsnorm"], ran["gemmq_actq_pro"])
+		}
+	}
+}
+
+// TestDecodeStepsFoldRope checks that decode steps (each row a sequence of
+// its own) rotate and append inside the attention launch (attn_rope_tiles:
+// no rope_qk_append), that prefill chunks keep rope_qk_append, and that
+// the logits equal Options.NoRopeFold's bit for bit and the CPU's (q/k
+// norms with zero-centred weights, partial rotary with the gate, f32 and
+// f16 caches, three sequences decoded together).
+func TestDecodeStepsFoldRope(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{2, 1}}, {{0, 1}, {1, 1}, {2, 1}}, {{1, 1}, {0, 1}}, {{2, 1}}, {{0, 2}}}
+	for _, name := range []string{"attention/q4tp/qknorm_oneplus", "attention/q8_row/gated_partial", "attention/f32/partial"} {
+		k, ok := backendtest.CaseNamed(name)
+		if !ok {
+			t.Fatalf("no %s case in backendtest.Cases", name)
+		}
+		want, err := backendtest.Run(c, k, sched, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logits [2][]float32
+		for i, apart := range []bool{false, true} {
+			f := newFake(t, 3)
+			f.numeric, f.decoded = true, map[string][]float32{}
+			d := fakeOpen(f, Options{Seqs: 3, Ctx: 128, MaxRows: 16, KVF16: true, NoRopeFold: apart})
+			got, err := backendtest.Run(d, k, sched, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits[i] = got
+			if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
+				t.Errorf("%s (NoRopeFold %v): NMSE %.3g against the CPU", name, apart, e)
+			}
+			ran := map[string]int{}
+			for _, call := range f.calls {
+				if strings.HasPrefix(call.name, "attn_") || strings.HasPrefix(call.name, "rope_") {
+					ran[strings.TrimSuffix(call.name, "_h")]++
+				}
+			}
+			// 7 steps of one layer: 3 prefill chunks (of 5, 3 and 2 rows)
+			// and 4 decode steps (the one-token prompt of sequence 2 is one).
+			wantRan := map[string]int{"rope_qk_append": 3, "attn_tiles": 3, "attn_rope_tiles": 4}
+			if apart {
+				wantRan = map[string]int{"rope_qk_append": 7, "attn_tiles": 7}
+			}
+			if fmt.Sprint(ran) != fmt.Sprint(wantRan) {
+				t.Errorf("%s (NoRopeFold %v): launched %v, want %v", name, apart, ran, wantRan)
+			}
+		}
+		for i := range logits[0] {
+			if math.Float32bits(logits[0][i]) != math.Float32bits(logits[1][i]) {
+				t.Errorf("%s: logit %d is %g folded, %g apart", name, i, logits[0][i], logits[1][i])
+				break
+			}
 		}
 	}
 }

@@ -1212,7 +1212,35 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 		st.launch("head_rmsnorm", driver.D2(nkv, R), driver.D1(32), 0)
 	}
 	ctx := d.opt.Ctx
-	if r.t.Dynamic() {
+	scale := float32(1 / math.Sqrt(float64(hd)))
+	if d.kvHalf && !kern.AttnTilesFits(hd, ld, true) {
+		st.fail(fmt.Errorf("cuda: a float16 K/V cache for heads of %d dimensions (q rows of %d)", hd, ld))
+		return
+	}
+	tiles := kern.AttnTilesFits(hd, ld, d.kvHalf)
+	// o_proj on the half wide tiles: the attention also writes their f16
+	// activations, so o_proj needs no gemmh_acth.
+	var outh driver.DevicePtr
+	if o := w.O.(*mat); tiles && !w.Gated && o.cols == qd && qd%32 == 0 {
+		outh = st.halfInput(o, R)
+	}
+	// A half-GEMM step (its activations are f16 anyway) or a prefill chunk
+	// of more than 64 rows whose o_proj quantizes the output to int8 blocks
+	// next: the tensor-core attention, same parameters and outputs
+	// (`cortiq bench -p 512` of the 30B-A3B synth on the H200, against
+	// attn_tiles_h in the same call: 8,862 → 10,924 tok/s; attn_tiles_h, a
+	// row a block on CUDA cores, took 302 µs a layer: docs/benchmarks.md,
+	// stop 27 run 2).
+	o := w.O.(*mat)
+	prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
+	mma := tiles && (outh != 0 || prefill || d.opt.AttnMMAAll) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA
+	// Decode steps (each row a sequence of its own) on attn_tiles: the
+	// rotation and the append inside the attention launch
+	// (attn_rope_tiles), one launch fewer a layer.
+	fold := tiles && !mma && !r.t.Dynamic() && st.rows == len(st.b.Seqs) && !d.opt.NoFusion && !d.opt.NoRopeFold
+	if fold {
+		// Nothing to launch here: the attention below rotates and appends.
+	} else if r.t.Dynamic() {
 		// Each sequence's own frequencies: one launch per sequence over
 		// its rows (consecutive), each with its table.
 		st.dynamicRope(r)
@@ -1239,35 +1267,20 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	// rows were appended above), split over nsplit chunks of the length:
 	// attn_tiles (split and merge in one launch) where the head fits,
 	// else attn_split + attn_merge.
-	scale := float32(1 / math.Sqrt(float64(hd)))
-	if d.kvHalf && !kern.AttnTilesFits(hd, ld, true) {
-		st.fail(fmt.Errorf("cuda: a float16 K/V cache for heads of %d dimensions (q rows of %d)", hd, ld))
-		return
-	}
-	if kern.AttnTilesFits(hd, ld, d.kvHalf) {
+	if tiles {
 		nsplit := kern.AttnTilesSplits(d.info.SMs, nkv, R)
 		part := st.buf("part", int64(st.partRows(true, nkv))*int64(nq)*int64(hd+2)*4)
 		cnt := st.bufZeroed("attn_cnt", int64(M)*int64(nkv)*4)
-		// o_proj on the half wide tiles: the attention also writes their
-		// f16 activations, so o_proj needs no gemmh_acth.
-		var outh driver.DevicePtr
-		if o := w.O.(*mat); !w.Gated && o.cols == qd && qd%32 == 0 {
-			outh = st.halfInput(o, R)
-		}
 		st.a().Ptr(qkv).Int(ld).Ptr(d.kc[layer]).Ptr(d.vc[layer]).Ptr(st.pos()).Ptr(st.slot()).Ptr(part).Ptr(cnt).Ptr(att).Int(qd).
 			Int(nq).Int(nkv).Int(hd).Int(ctx).Int(nsplit).F32(scale).Ptr(outh)
-		// A half-GEMM step (its activations are f16 anyway) or a prefill
-		// chunk of more than 64 rows whose o_proj quantizes the output to
-		// int8 blocks next: the tensor-core attention, same parameters and
-		// outputs (`cortiq bench -p 512` of the 30B-A3B synth on the H200,
-		// against attn_tiles_h in the same call: 8,862 → 10,924 tok/s;
-		// attn_tiles_h, a row a block on CUDA cores, took 302 µs a layer:
-		// docs/benchmarks.md, stop 27 run 2).
-		o := w.O.(*mat)
-		prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
-		if (outh != 0 || prefill || d.opt.AttnMMAAll) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA {
+		switch {
+		case mma:
 			st.launch(kern.AttnMMAKernel(hd), driver.D3(nsplit, nkv, R), driver.D1(32*kern.AttnMMAWarps(hd)), kern.AttnMMAShared(hd))
-		} else {
+		case fold:
+			st.args.Ptr(r.inv).F32(r.mscale).Int(r.Dim())
+			hn.Pack(&st.args)
+			st.launch(kern.AttnRopeTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
+		default:
 			st.launch(kern.AttnTilesKernel(d.kvHalf), driver.D3(nsplit, nkv, R), driver.D1(128), kern.AttnTilesShared(hd, d.kvHalf))
 		}
 		if outh != 0 {

@@ -645,6 +645,31 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			errs = append(errs, want(nq*hd%32 == 0, "f16 copy of %d columns", nq*hd), f.span("outh", c.ptr(16), kern.GemmHScratch(nq*hd, R)))
 		}
 		return errorsJoin(errs...)
+	case name == "attn_rope_tiles" || name == "attn_rope_tiles_h":
+		ldq, ldo, nq, nkv, hd, ctx, nsplit, rot := c.int(1), c.int(9), c.int(10), c.int(11), c.int(12), c.int(13), c.int(14), c.int(19)
+		R, f16 := int(g.Z), name == "attn_rope_tiles_h"
+		errs := []error{want(int(g.X) == nsplit && int(g.Y) == nkv && b.X == 128, "shape"),
+			want(c.cfg.Shared == kern.AttnTilesShared(hd, f16), "shared %d", c.cfg.Shared),
+			want(nq%nkv == 0 && kern.AttnTilesFits(hd, ldq, f16) && ldo%4 == 0 && ldo >= nq*hd && ldq >= (nq+2*nkv)*hd, "heads"),
+			want(nsplit >= 1 && nsplit <= kern.AttnTilesMaxSplits, "splits %d", nsplit),
+			want(rot <= hd && rot%2 == 0, "rot %d", rot), want(c.ptr(16) == 0, "an f16 copy"),
+			f.span("qkv", c.ptr(0), rowsSpan(R, ldq, (nq+2*nkv)*hd)), f.span("out", c.ptr(8), rowsSpan(R, ldo, nq*hd)),
+			f.span("inv", c.ptr(17), 4*int64(max(rot/2, 1))), f.optSpan("q norm", c.ptr(20), 4*int64(hd)),
+			f.optSpan("k norm", c.ptr(21), 4*int64(hd)), want(c.int(23) == 0 || c.int(23) == 1, "one_plus %d", c.int(23)),
+			f.checkKV(c, 4, 5, 2, 3, R, nkv, hd, ctx)}
+		if nsplit > 1 {
+			errs = append(errs, f.span("part", c.ptr(6), 4*int64(R*nq*nsplit*(hd+2))), f.span("cnt", c.ptr(7), 4*int64(R*nkv)))
+		}
+		// Each row appends its own key and reads its own cache: the rows
+		// must be distinct sequences (a decode step).
+		if slot, err := f.ints(c.ptr(5), R); err == nil {
+			seen := map[int]bool{}
+			for _, sl := range slot {
+				errs = append(errs, want(!seen[sl], "two rows of sequence slot %d", sl))
+				seen[sl] = true
+			}
+		}
+		return errorsJoin(errs...)
 	case name == "attn_merge":
 		ldo, nq, hd, nsplit := c.int(2), c.int(3), c.int(4), c.int(5)
 		R := int(g.Y)

@@ -2,10 +2,13 @@ package kern_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/cortiq/cortiq/backend/cuda/kern"
+	"github.com/cortiq/cortiq/half"
 	"github.com/cortiq/cortiq/kernels"
 	"github.com/cortiq/cortiq/quant"
 )
@@ -356,5 +359,90 @@ func TestGPUMoEGLU(t *testing.T) {
 			}
 		}
 		t.Logf("q4tp experts %d×%d top %d of %d, %d rows, shared %v: SwiGLU epilogue, down bitwise the unfused prologue's", I, H, k, E, R, c.shared)
+	}
+}
+
+// TestGPUAttentionRopeTiles: attn_rope_tiles(_h) (the rotation, the q/k
+// norms and the K/V append inside the attention launch) against
+// rope_qk_append(_h) then attn_tiles(_h) on a copy of the same q|k|v rows,
+// bitwise: the output, both caches (the appended rows and the history
+// around them), and the q|k|v rows left as they were. Three rows of three
+// sequences at positions 0, 37 and 200 over caches holding random history
+// (one split and several), f32 and f16 caches; heads of 128 with q/k norms
+// (zero-centred) and full rotation in a GQA group of 8, of 256 with a
+// quarter rotated and a group of 16 (two passes of 8 heads), of 64 with
+// plain norms and no norm on q.
+func TestGPUAttentionRopeTiles(t *testing.T) {
+	g := newGPU(t)
+	r := rng(61)
+	const R, ctx, nseq = 3, 256, 4
+	for _, tc := range []struct {
+		nq, nkv, hd, rot int
+		qn, kn, onePlus  bool
+		nsplit           int
+	}{{16, 2, 128, 128, true, true, true, 0}, {32, 2, 256, 64, true, true, true, 0}, {8, 2, 64, 64, false, true, false, 0},
+		{16, 2, 128, 128, true, true, true, 1}} {
+		ld := (tc.nq + 2*tc.nkv) * tc.hd
+		for _, f16 := range []bool{false, true} {
+			qkv := r.vec(R*ld, 1)
+			per := nseq * tc.nkv * ctx * tc.hd
+			hist := func() kern.Ptr {
+				v := r.vec(per, 1)
+				if !f16 {
+					return g.f32(v)
+				}
+				b := make([]byte, 4*per) // halves in the first half, as zeros(per) sizes an f16 cache
+				for i, x := range v {
+					binary.LittleEndian.PutUint16(b[2*i:], half.F32ToF16(x))
+				}
+				return g.upload(b)
+			}
+			kc1, vc1 := hist(), hist()
+			kc2, vc2 := g.upload(g.readBytes(kc1, 4*per)), g.upload(g.readBytes(vc1, 4*per))
+			qw, kw := r.vec(tc.hd, 0.3), r.vec(tc.hd, 0.3)
+			norms := kern.HeadNorms{Eps: 1e-6, OnePlus: tc.onePlus}
+			if tc.qn {
+				norms.Q = g.f32(qw)
+			}
+			if tc.kn {
+				norms.K = g.f32(kw)
+			}
+			dinv := g.f32(invFreq(tc.rot, 1e6))
+			pos, slot := g.i32([]int32{0, 37, 200}), g.i32([]int32{2, 0, 3})
+			nsplit := tc.nsplit
+			if nsplit == 0 {
+				nsplit = kern.AttnTilesSplits(132, tc.nkv, R)
+			}
+			part := g.zeros(R * tc.nq * nsplit * (tc.hd + 2))
+			cnt1, cnt2 := g.zeros(R*tc.nkv), g.zeros(R*tc.nkv)
+			a1, a2 := g.f32(qkv), g.f32(qkv)
+			out1, out2 := g.zeros(R*tc.nq*tc.hd), g.zeros(R*tc.nq*tc.hd)
+			scale := float32(1 / math.Sqrt(float64(tc.hd)))
+			g.run(func(l *kern.Launcher) error {
+				return errorsJoin(l.RopeQKAppend(a1, ld, tc.nq, tc.nkv, tc.hd, tc.rot, dinv, 1, pos, slot, kc1, vc1, ctx, R, f16, norms),
+					l.AttentionTiles(a1, ld, kc1, vc1, pos, slot, part, cnt1, out1, tc.nq*tc.hd, R, tc.nq, tc.nkv, tc.hd, ctx, nsplit, scale, f16, 0))
+			})
+			g.run(func(l *kern.Launcher) error {
+				return l.AttentionRopeTiles(a2, ld, kc2, vc2, pos, slot, part, cnt2, out2, tc.nq*tc.hd, R, tc.nq, tc.nkv, tc.hd, ctx, nsplit, scale, f16,
+					kern.RopeArgs{Inv: dinv, MScale: 1, Rot: tc.rot, Norms: norms})
+			})
+			label := fmt.Sprintf("hd %d rot %d G %d splits %d f16 %v", tc.hd, tc.rot, tc.nq/tc.nkv, nsplit, f16)
+			same := func(what string, a, b kern.Ptr, n int) {
+				t.Helper()
+				x, y := g.readBytes(a, n), g.readBytes(b, n)
+				for i := range x {
+					if x[i] != y[i] {
+						t.Fatalf("%s: %s: byte %d of %d differs (folded %d, apart %d)", label, what, i, n, y[i], x[i])
+					}
+				}
+			}
+			same("output", out1, out2, 4*R*tc.nq*tc.hd)
+			same("k cache", kc1, kc2, 4*per)
+			same("v cache", vc1, vc2, 4*per)
+			same("counters", cnt1, cnt2, 4*R*tc.nkv)
+			if got := g.readF32(a2, R*ld); !slices.Equal(got, qkv) {
+				t.Fatalf("%s: attn_rope_tiles changed its q|k|v rows", label)
+			}
+		}
 	}
 }

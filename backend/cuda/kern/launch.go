@@ -1103,6 +1103,38 @@ func attentionTilesCalls(q Ptr, ldq int, kc, vc, pos, slot, part, cnt, out Ptr, 
 	return one(AttnTilesKernel(f16), driver.D3(nsplit, nkv, R), driver.D1(128), AttnTilesShared(hd, f16), a), nil
 }
 
+// RopeArgs are rope_qk_append's rotation operands as attn_rope_tiles
+// takes them: rot of the head's dimensions rotated with the inverse
+// frequencies inv (rot/2 floats) and the factor mscale, and the q/k norms.
+type RopeArgs struct {
+	Inv    Ptr
+	MScale float32
+	Rot    int
+	Norms  HeadNorms
+}
+
+func attentionRopeTilesCalls(qkv Ptr, ld int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool, ra RopeArgs) ([]call, error) {
+	c, err := attentionTilesCalls(qkv, ld, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16, 0)
+	if err != nil {
+		return nil, err
+	}
+	if ld < (nq+2*nkv)*hd || ra.Rot > hd || ra.Rot%2 != 0 {
+		return nil, fmt.Errorf("kern: attention with its rotation: q|k|v rows of %d for %d+2·%d heads of %d, %d dimensions rotated", ld, nq, nkv, hd, ra.Rot)
+	}
+	c[0].name = AttnRopeTilesKernel(f16)
+	ra.Norms.Pack(c[0].args.Ptr(ra.Inv).F32(ra.MScale).Int(ra.Rot))
+	return c, nil
+}
+
+// AttentionRopeTiles queues RopeQKAppend then AttentionTiles as one launch
+// (attn_rope_tiles): the rotation (and the q/k norms) of each row's heads
+// of the q|k|v rows qkv (ld floats apart; left as they are) and the K/V
+// append, then the attention over them, the same bits. The rows must be
+// distinct sequences (slots): a decode step.
+func (l *Launcher) AttentionRopeTiles(qkv Ptr, ld int, kc, vc, pos, slot, part, cnt, out Ptr, ldo, R, nq, nkv, hd, ctx, nsplit int, scale float32, f16 bool, ra RopeArgs) error {
+	return l.run(attentionRopeTilesCalls(qkv, ld, kc, vc, pos, slot, part, cnt, out, ldo, R, nq, nkv, hd, ctx, nsplit, scale, f16, ra))
+}
+
 // AttnMMAFits reports whether attn_mma_h (tensor-core attention over a
 // float16 cache: the half-GEMM steps') serves G query heads a kv head of
 // hd dimensions with q rows at stride ldq floats: hd 64 or 128, G ≤ 16.
@@ -1167,6 +1199,16 @@ func AttnTilesKernel(f16 bool) string {
 		return "attn_tiles_h"
 	}
 	return "attn_tiles"
+}
+
+// AttnRopeTilesKernel names attn_rope_tiles (rope_qk_append and
+// attn_tiles in one launch, for steps whose rows are each a sequence of
+// its own) for a float32 or float16 cache.
+func AttnRopeTilesKernel(f16 bool) string {
+	if f16 {
+		return "attn_rope_tiles_h"
+	}
+	return "attn_rope_tiles"
 }
 
 // RopeQKAppendKernel names rope_qk_append for a float32 or float16 cache.

@@ -76,6 +76,9 @@ func TestLaunchersMatchManifest(t *testing.T) {
 	add(attentionCalls(1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 8, 2, 64, 100, 4, 0.125))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, false, 0))
 	add(attentionTilesCalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, true, 10))
+	for _, f16 := range []bool{false, true} {
+		add(attentionRopeTilesCalls(1, 768, 3, 4, 5, 6, 7, 8, 9, 512, 3, 8, 2, 64, 100, 4, 0.125, f16, RopeArgs{Inv: 11, MScale: 1, Rot: 32, Norms: HeadNorms{Q: 12, K: 13, Eps: 1e-6}}))
+	}
 	add(attentionMMACalls(1, 192, 3, 4, 5, 6, 7, 8, 9, 128, 3, 8, 2, 64, 100, 4, 0.125, 10, false))
 	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0, false))
 	add(attentionMMACalls(1, 1024, 3, 4, 5, 6, 7, 8, 9, 1024, 3, 8, 2, 128, 100, 1, 0.125, 0, true))

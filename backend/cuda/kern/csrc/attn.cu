@@ -324,12 +324,52 @@ __device__ __forceinline__ void attn_tiles_merge(float* __restrict__ part, int* 
   if (threadIdx.x == 0) cnt[r * nkv + kh] = 0;
 }
 
-template <class E>
+// attn_rope_tiles(_h)'s own work (decode steps: each row a sequence of
+// its own): rope_qk_append's for the row's kv head, so that no launch runs
+// between the q|k|v product and the attention. Every block normalises and
+// rotates its query heads as it loads them (rope_qk_append_fast's
+// arithmetic, then the scale: the bits attn_tiles sees after
+// rope_qk_append); the split that holds position pos[r] (the last one)
+// first normalises and rotates the kv head's new key and appends it and
+// the new value to the caches, then reads them back as the other rows.
+// q|k|v are not changed in place.
+struct AtRope {
+  const float* __restrict__ inv;  // inverse frequencies, rot/2
+  float mscale;
+  int rot;
+  const float* __restrict__ qw;  // q/k norm weights (hd) or null
+  const float* __restrict__ kw;
+  float eps;
+  int one_plus;
+};
+
+// Head g of hd floats at xh in shared memory, by warp w of the block: the
+// norm (head_norm's order: lanes over i, i + 32, ..., the warp's tree),
+// the rotation of pairs below rot, then every element times f.
+__device__ __forceinline__ void at_rope_head(float* xh, int hd, int pos, const float* __restrict__ nw, const AtRope& rp,
+                                             float f) {
+  const int lane = threadIdx.x & 31, half = rp.rot / 2;
+  if (nw) {
+    double ss = 0.0;
+    for (int i = lane; i < hd; i += 32) ss += (double)xh[i] * (double)xh[i];
+    ss = warp_sum_d(ss);
+    const float v = rms_inv(ss, hd, rp.eps);
+    for (int i = lane; i < hd; i += 32) xh[i] = rms_apply(xh[i], v, nw[i], rp.one_plus);
+    __syncwarp();
+  }
+  for (int i = lane; i < half; i += 32) rope_pair(xh[i], xh[i + half], pos, rp.inv[i], rp.mscale);
+  __syncwarp();
+  if (f != 1.0f)
+    for (int i = lane; i < hd; i += 32) xh[i] = xh[i] * f;
+  __syncwarp();
+}
+
+template <class E, bool ROPE = false>
 __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int ldq, const typename E::T* __restrict__ kc,
                                                 const typename E::T* __restrict__ vc, const int* __restrict__ pos,
                                                 const int* __restrict__ slot, float* __restrict__ part, int* __restrict__ cnt,
                                                 float* __restrict__ out, int ldo, int nq, int nkv, int hd, int ctx, int nsplit,
-                                                float scale, uint16_t* __restrict__ outh) {
+                                                float scale, uint16_t* __restrict__ outh, AtRope rp = AtRope{}) {
   typedef typename E::T T;
   extern __shared__ float4 at_sm4[];
   float* sm = (float*)at_sm4;
@@ -355,12 +395,39 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
   T* vs = ks + 2 * AT_TP * st;          // [2][AT_TP][st]
   float* po = part;                                          // o partials
   float* pml = part + (size_t)gridDim.z * nq * nsplit * hd;  // (m, l) partials
+  const int tpos = pos[r];
+  if (ROPE && s == nact - 1 && tpos >= 0 && tpos < ctx) {
+    // The new key (rotated in qs[0]) and value (qs[1]) of kv head kh into
+    // the caches at tpos, visible to this block's tile copies below.
+    const float* kr = q + (size_t)r * ldq + (size_t)(nq + kh) * hd;
+    const float* vr = kr + (size_t)nkv * hd;
+    for (int e = threadIdx.x; e < hd; e += 128) {
+      qs[e] = kr[e];
+      qs[hd + e] = vr[e];
+    }
+    __syncthreads();
+    if (warp == 0) at_rope_head(qs, hd, tpos, rp.kw, rp, 1.0f);
+    __syncthreads();
+    T* kd = const_cast<T*>(kc) + cbase + (size_t)tpos * hd;
+    T* vd = const_cast<T*>(vc) + cbase + (size_t)tpos * hd;
+    for (int e = threadIdx.x; e < hd; e += 128) {
+      kd[e] = kv_elem(qs[e], kd);
+      vd[e] = kv_elem(qs[hd + e], vd);
+    }
+    __threadfence();
+  }
 
   for (int g0 = 0; g0 < G; g0 += 8) {
     const int ng = min(8, G - g0);
     __syncthreads();  // the previous pass is done with qs and the ring
     const float* qr = q + (size_t)r * ldq + (size_t)(kh * G + g0) * hd;
-    for (int e = threadIdx.x; e < ng * hd; e += 128) qs[e] = qr[e] * scale;
+    if (ROPE) {
+      for (int e = threadIdx.x; e < ng * hd; e += 128) qs[e] = qr[e];
+      __syncthreads();
+      for (int g = warp; g < ng; g += 4) at_rope_head(qs + g * hd, hd, tpos, rp.qw, rp, scale);
+    } else {
+      for (int e = threadIdx.x; e < ng * hd; e += 128) qs[e] = qr[e] * scale;
+    }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     float4 o[2][2];
 #pragma unroll
@@ -460,6 +527,22 @@ extern "C" __global__ void __launch_bounds__(128) attn_tiles(ATTN_TILES_PARAMS(f
 }
 extern "C" __global__ void __launch_bounds__(128) attn_tiles_h(ATTN_TILES_PARAMS(__half)) {
   attn_tiles_body<AtF16>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh);
+}
+
+// attn_rope_tiles(_h): rope_qk_append(_h) then attn_tiles(_h) in one
+// launch (AtRope), for steps whose rows are each a sequence of its own
+// (decode): attn_tiles' parameters, then (inv, mscale, rot, qw, kw, eps,
+// one_plus) as rope_qk_append's; q is the q|k|v row (ldq its width).
+#define ATTN_ROPE_PARAMS                                                                                     \
+  const float *__restrict__ inv, float mscale, int rot, const float *__restrict__ qw, const float *__restrict__ kw, \
+      float eps, int one_plus
+extern "C" __global__ void __launch_bounds__(128) attn_rope_tiles(ATTN_TILES_PARAMS(float), ATTN_ROPE_PARAMS) {
+  attn_tiles_body<AtF32, true>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh,
+                               AtRope{inv, mscale, rot, qw, kw, eps, one_plus});
+}
+extern "C" __global__ void __launch_bounds__(128) attn_rope_tiles_h(ATTN_TILES_PARAMS(__half), ATTN_ROPE_PARAMS) {
+  attn_tiles_body<AtF16, true>(q, ldq, kc, vc, pos, slot, part, cnt, out, ldo, nq, nkv, hd, ctx, nsplit, scale, outh,
+                               AtRope{inv, mscale, rot, qw, kw, eps, one_plus});
 }
 
 // attn_mma_h_d<HD>: attn_tiles_h's attention on m16n8k16 f16 tensor cores,

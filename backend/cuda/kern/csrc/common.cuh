@@ -91,6 +91,25 @@ __device__ __forceinline__ float rms_apply(float v, float inv, float w, int one_
   return one_plus ? (v * inv) * (1.0f + w) : w * (v * inv);
 }
 
+// RoPE of one pair (a, b) = (x[i], x[i + rot/2]) at position pos with
+// inverse frequency f (NeoX pairing): the angle float(pos·f), sin and cos
+// in double, both times mscale; explicit roundings (no contraction), so
+// every kernel that rotates gets the same bits.
+__device__ __forceinline__ void rope_pair(float& a, float& b, int pos, float f, float mscale) {
+  const float ang = __fmul_rn((float)pos, f);
+  double sd, cd;
+  sincos((double)ang, &sd, &cd);
+  const float c = __fmul_rn((float)cd, mscale), s = __fmul_rn((float)sd, mscale);
+  const float a0 = a, b0 = b;
+  a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+  b = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
+}
+
+// A K/V cache element from a float: itself (float32 caches) or rounded to
+// nearest even (float16 caches).
+__device__ __forceinline__ float kv_elem(float v, float*) { return v; }
+__device__ __forceinline__ __half kv_elem(float v, __half*) { return __float2half_rn(v); }
+
 // Block-wide deterministic reductions for blocks of up to 1024 threads: a
 // fixed shuffle tree per warp, then warp 0 over the warps' results. sh
 // needs 32 slots. Every thread gets the result.

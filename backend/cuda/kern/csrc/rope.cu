@@ -12,13 +12,10 @@
 __device__ __forceinline__ void rope_head(float* xh, int rot, const float* __restrict__ inv, float mscale, int pos) {
   const int half = rot / 2;
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float ang = __fmul_rn((float)pos, inv[i]);
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    const float c = __fmul_rn((float)cd, mscale), s = __fmul_rn((float)sd, mscale);
-    const float a = xh[i], b = xh[i + half];
-    xh[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    float a = xh[i], b = xh[i + half];
+    rope_pair(a, b, pos, inv[i], mscale);
+    xh[i] = a;
+    xh[i + half] = b;
   }
 }
 
@@ -30,9 +27,6 @@ extern "C" __global__ void rope(float* x, int ldx, int hd, int rot, const float*
   pdl_wait();
   rope_head(x + (size_t)blockIdx.y * ldx + (size_t)blockIdx.x * hd, rot, inv, mscale, pos[blockIdx.y]);
 }
-
-__device__ __forceinline__ float kv_elem(float v, float*) { return v; }
-__device__ __forceinline__ __half kv_elem(float v, __half*) { return __float2half_rn(v); }
 
 template <typename C>
 __device__ __forceinline__ void kv_write(const float* k, const float* v, C* kc, C* vc, int slot, int h, int nkv, int ctx,
@@ -149,13 +143,7 @@ __device__ __forceinline__ void rope_qk_append_fast(float* qkv, int ld, int nq, 
   for (int u = 0; u < NE / 2; u++) {  // rope_head's arithmetic
     const int i = tid + ROPE_T * u;
     if (i >= half) continue;
-    const float ang = __fmul_rn((float)t, fr[u]);
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    const float c = __fmul_rn((float)cd, mscale), sn = __fmul_rn((float)sd, mscale);
-    const float a = xs[i], b = xs[i + half];
-    xs[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-    xs[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
+    rope_pair(xs[i], xs[i + half], t, fr[u], mscale);
   }
   __syncthreads();
   const bool app = !isq && t >= 0 && t < ctx;
