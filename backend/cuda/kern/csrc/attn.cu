@@ -326,13 +326,15 @@ __device__ __forceinline__ void attn_tiles_merge(float* __restrict__ part, int* 
 
 // attn_rope_tiles(_h)'s own work (decode steps: each row a sequence of
 // its own): rope_qk_append's for the row's kv head, so that no launch runs
-// between the q|k|v product and the attention. Every block normalises and
-// rotates its query heads as it loads them (rope_qk_append_fast's
-// arithmetic, then the scale: the bits attn_tiles sees after
-// rope_qk_append); the split that holds position pos[r] (the last one)
-// first normalises and rotates the kv head's new key and appends it and
-// the new value to the caches, then reads them back as the other rows.
-// q|k|v are not changed in place.
+// between the q|k|v product and the attention. The norm weights and the
+// frequencies are staged in shared memory before pdl_wait, the row's
+// cosines and sines computed once a block into a table; every block
+// normalises and rotates its query heads as it loads them
+// (rope_qk_append's arithmetic, then the scale: the bits attn_tiles sees
+// after rope_qk_append); the split that holds position pos[r] (the last
+// one) also normalises and rotates the kv head's new key and appends it
+// and the new value to the caches before it reads them back as the other
+// rows. q|k|v are not changed in place.
 struct AtRope {
   const float* __restrict__ inv;  // inverse frequencies, rot/2
   float mscale;
@@ -342,14 +344,22 @@ struct AtRope {
   float eps;
   int one_plus;
 };
+#define AT_RMAX 256  // head dimensions attn_tiles takes
+struct AtRopeSmem {
+  float w[2][AT_RMAX];      // q and k norm weights
+  float inv[AT_RMAX / 2];   // frequencies
+  float cs[2][AT_RMAX / 2];  // the row's cosines and sines
+  float kv[2][AT_RMAX];     // the new key and value
+};
 
-// Head g of hd floats at xh in shared memory, by warp w of the block: the
-// norm (head_norm's order: lanes over i, i + 32, ..., the warp's tree),
-// the rotation of pairs below rot, then every element times f.
-__device__ __forceinline__ void at_rope_head(float* xh, int hd, int pos, const float* __restrict__ nw, const AtRope& rp,
-                                             float f) {
+// Head xh of hd floats in shared memory, by one warp: the norm (nw in
+// shared memory, or none: head_norm's order, lanes over i, i + 32, ...,
+// the warp's tree), the rotation of the pairs below rot by the table,
+// then every element times f.
+__device__ __forceinline__ void at_rope_head(float* xh, int hd, const float* nw, bool norm, const AtRope& rp,
+                                             const AtRopeSmem& rs, float f) {
   const int lane = threadIdx.x & 31, half = rp.rot / 2;
-  if (nw) {
+  if (norm) {
     double ss = 0.0;
     for (int i = lane; i < hd; i += 32) ss += (double)xh[i] * (double)xh[i];
     ss = warp_sum_d(ss);
@@ -357,7 +367,7 @@ __device__ __forceinline__ void at_rope_head(float* xh, int hd, int pos, const f
     for (int i = lane; i < hd; i += 32) xh[i] = rms_apply(xh[i], v, nw[i], rp.one_plus);
     __syncwarp();
   }
-  for (int i = lane; i < half; i += 32) rope_pair(xh[i], xh[i + half], pos, rp.inv[i], rp.mscale);
+  for (int i = lane; i < half; i += 32) rope_rot(xh[i], xh[i + half], rs.cs[0][i], rs.cs[1][i]);
   __syncwarp();
   if (f != 1.0f)
     for (int i = lane; i < hd; i += 32) xh[i] = xh[i] * f;
@@ -374,6 +384,15 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
   extern __shared__ float4 at_sm4[];
   float* sm = (float*)at_sm4;
   __shared__ int last;
+  __shared__ __align__(16) AtRopeSmem rs;  // ROPE only (unreferenced, so not allocated, otherwise)
+  if (ROPE) {  // before pdl_wait: none of it comes from the previous launch
+    for (int i = threadIdx.x; i < hd; i += 128) {
+      rs.w[0][i] = rp.qw ? rp.qw[i] : 0.0f;
+      rs.w[1][i] = rp.kw ? rp.kw[i] : 0.0f;
+    }
+    for (int i = threadIdx.x; i < rp.rot / 2; i += 128) rs.inv[i] = rp.inv[i];
+    __syncthreads();
+  }
   pdl_trigger();
   pdl_wait();
   const int s = blockIdx.x, kh = blockIdx.y, r = blockIdx.z;
@@ -396,25 +415,10 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
   float* po = part;                                          // o partials
   float* pml = part + (size_t)gridDim.z * nq * nsplit * hd;  // (m, l) partials
   const int tpos = pos[r];
-  if (ROPE && s == nact - 1 && tpos >= 0 && tpos < ctx) {
-    // The new key (rotated in qs[0]) and value (qs[1]) of kv head kh into
-    // the caches at tpos, visible to this block's tile copies below.
-    const float* kr = q + (size_t)r * ldq + (size_t)(nq + kh) * hd;
-    const float* vr = kr + (size_t)nkv * hd;
-    for (int e = threadIdx.x; e < hd; e += 128) {
-      qs[e] = kr[e];
-      qs[hd + e] = vr[e];
-    }
-    __syncthreads();
-    if (warp == 0) at_rope_head(qs, hd, tpos, rp.kw, rp, 1.0f);
-    __syncthreads();
-    T* kd = const_cast<T*>(kc) + cbase + (size_t)tpos * hd;
-    T* vd = const_cast<T*>(vc) + cbase + (size_t)tpos * hd;
-    for (int e = threadIdx.x; e < hd; e += 128) {
-      kd[e] = kv_elem(qs[e], kd);
-      vd[e] = kv_elem(qs[hd + e], vd);
-    }
-    __threadfence();
+  // The split holding position tpos appends its key and value (ROPE).
+  const bool app = ROPE && s == nact - 1 && tpos >= 0 && tpos < ctx;
+  if (ROPE) {
+    for (int i = threadIdx.x; i < rp.rot / 2; i += 128) rope_cs(tpos, rs.inv[i], rp.mscale, rs.cs[0][i], rs.cs[1][i]);
   }
 
   for (int g0 = 0; g0 < G; g0 += 8) {
@@ -422,9 +426,32 @@ __device__ __forceinline__ void attn_tiles_body(const float* __restrict__ q, int
     __syncthreads();  // the previous pass is done with qs and the ring
     const float* qr = q + (size_t)r * ldq + (size_t)(kh * G + g0) * hd;
     if (ROPE) {
-      for (int e = threadIdx.x; e < ng * hd; e += 128) qs[e] = qr[e];
+      const bool ak = app && g0 == 0;  // this pass also rotates and appends the new key
+      const float* kr = q + (size_t)r * ldq + (size_t)(nq + kh) * hd;
+      // One round of 16-byte loads (hd and ldq are multiples of 4).
+      for (int e = threadIdx.x; e < ng * hd / 4; e += 128) ((float4*)qs)[e] = ((const float4*)qr)[e];
+      if (ak)
+        for (int e = threadIdx.x; e < hd / 4; e += 128) {
+          ((float4*)rs.kv[0])[e] = ((const float4*)kr)[e];
+          ((float4*)rs.kv[1])[e] = ((const float4*)(kr + (size_t)nkv * hd))[e];
+        }
+      __syncthreads();  // the heads, the table
+      // Items ng (the key) and 0..ng-1 (query heads), a warp each in turn.
+      for (int g = warp; g < ng + (ak ? 1 : 0); g += 4) {
+        if (g < ng) at_rope_head(qs + g * hd, hd, rs.w[0], rp.qw != nullptr, rp, rs, scale);
+        else at_rope_head(rs.kv[0], hd, rs.w[1], rp.kw != nullptr, rp, rs, 1.0f);
+      }
       __syncthreads();
-      for (int g = warp; g < ng; g += 4) at_rope_head(qs + g * hd, hd, tpos, rp.qw, rp, scale);
+      if (ak) {  // into the caches at tpos, visible to this block's tile copies below
+        T* kd = const_cast<T*>(kc) + cbase + (size_t)tpos * hd;
+        T* vd = const_cast<T*>(vc) + cbase + (size_t)tpos * hd;
+        for (int e = threadIdx.x; e < hd; e += 128) {
+          kd[e] = kv_elem(rs.kv[0][e], kd);
+          vd[e] = kv_elem(rs.kv[1][e], vd);
+        }
+        __threadfence();
+        __syncthreads();
+      }
     } else {
       for (int e = threadIdx.x; e < ng * hd; e += 128) qs[e] = qr[e] * scale;
     }

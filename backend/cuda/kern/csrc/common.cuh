@@ -91,18 +91,27 @@ __device__ __forceinline__ float rms_apply(float v, float inv, float w, int one_
   return one_plus ? (v * inv) * (1.0f + w) : w * (v * inv);
 }
 
-// RoPE of one pair (a, b) = (x[i], x[i + rot/2]) at position pos with
-// inverse frequency f (NeoX pairing): the angle float(pos·f), sin and cos
-// in double, both times mscale; explicit roundings (no contraction), so
+// RoPE at position pos of the pair with inverse frequency f (NeoX
+// pairing): rope_cs gives its cosine and sine, float(pos·f) with sin and
+// cos in double, both times mscale; rope_rot rotates the pair (a, b) =
+// (x[i], x[i + rot/2]) by them. Explicit roundings (no contraction), so
 // every kernel that rotates gets the same bits.
-__device__ __forceinline__ void rope_pair(float& a, float& b, int pos, float f, float mscale) {
+__device__ __forceinline__ void rope_cs(int pos, float f, float mscale, float& c, float& s) {
   const float ang = __fmul_rn((float)pos, f);
   double sd, cd;
   sincos((double)ang, &sd, &cd);
-  const float c = __fmul_rn((float)cd, mscale), s = __fmul_rn((float)sd, mscale);
+  c = __fmul_rn((float)cd, mscale);
+  s = __fmul_rn((float)sd, mscale);
+}
+__device__ __forceinline__ void rope_rot(float& a, float& b, float c, float s) {
   const float a0 = a, b0 = b;
   a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
   b = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
+}
+__device__ __forceinline__ void rope_pair(float& a, float& b, int pos, float f, float mscale) {
+  float c, s;
+  rope_cs(pos, f, mscale, c, s);
+  rope_rot(a, b, c, s);
 }
 
 // A K/V cache element from a float: itself (float32 caches) or rounded to
