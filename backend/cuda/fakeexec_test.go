@@ -1474,6 +1474,17 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 	_, vd, cd := k.Dims()
 	slots, _ := f.ints(k.Slot, R)
 	switch c.name {
+	case "dn_conv_step": // dn_conv, then dn_conv_state: one row a sequence
+		conv, state := *c, *c
+		conv.name, state.name = "dn_conv", "dn_conv_state"
+		f.execDN(&conv)
+		sa := new(driver.Args).Ptr(k.Proj).Int(k.Ldp).Int(b2i(k.Grouped)).Int(k.KeyHeads).Int(k.KeyDim).Int(k.ValueHeads).Int(k.ValueDim).
+			Int(k.ConvKernel).Ptr(k.State).Int(k.StateFloats()).Ptr(k.Slot)
+		state.args, state.offs = append([]byte(nil), sa.Bytes()...), nil
+		for i := range sa.Len() {
+			state.offs = append(state.offs, sa.Offset(i))
+		}
+		f.execDN(&state)
 	case "dn_conv", "dn_conv_state":
 		K := k.ConvKernel
 		h, stride := K-1, k.StateFloats()
@@ -1860,6 +1871,47 @@ func TestDecodeStepsFoldRope(t *testing.T) {
 				t.Errorf("%s: logit %d is %g folded, %g apart", name, i, logits[0][i], logits[1][i])
 				break
 			}
+		}
+	}
+}
+
+// TestDecodeStepsFuseConv checks that Gated DeltaNet decode steps (each
+// row a sequence of its own) take dn_conv_step (the conv and the carried
+// inputs' shift in one launch), prefill chunks dn_conv then
+// dn_conv_state, and that the logits match the CPU's over the mixed
+// schedule, both projection layouts.
+func TestDecodeStepsFuseConv(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{0, 1}, {1, 1}}, {{1, 1}}, {{0, 2}}, {{1, 1}, {0, 1}}}
+	for _, name := range []string{"deltanet/q4tp/split", "deltanet/f32/grouped"} {
+		k, ok := backendtest.CaseNamed(name)
+		if !ok {
+			t.Fatalf("no %s case in backendtest.Cases", name)
+		}
+		want, err := backendtest.Run(c, k, sched, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newFake(t, 2)
+		f.numeric, f.decoded = true, map[string][]float32{}
+		d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16})
+		got, err := backendtest.Run(d, k, sched, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
+			t.Errorf("%s: NMSE %.3g against the CPU", name, e)
+		}
+		ran := map[string]int{}
+		for _, call := range f.calls {
+			if strings.HasPrefix(call.name, "dn_conv") {
+				ran[call.name]++
+			}
+		}
+		// 3 prefill chunks (5, 3, 2 rows) and 3 decode steps.
+		if want := map[string]int{"dn_conv": 3, "dn_conv_state": 3, "dn_conv_step": 3}; fmt.Sprint(ran) != fmt.Sprint(want) {
+			t.Errorf("%s: launched %v, want %v", name, ran, want)
 		}
 	}
 }

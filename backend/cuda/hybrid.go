@@ -432,9 +432,15 @@ func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
 	}
 	cc, rc := k.ConvLaunch(R), k.RuleLaunch(len(st.b.Seqs))
 	k.PackConv(st.a())
-	st.launch("dn_conv", cc.Grid, cc.Block, 0)
-	k.PackConvState(st.a())
-	st.launch("dn_conv_state", cc.Grid, cc.Block, 0)
+	if R == len(st.b.Seqs) && !st.d.opt.NoFusion {
+		// Decode (each row a sequence of its own): the conv and the
+		// carried inputs' shift in one launch.
+		st.launch("dn_conv_step", cc.Grid, cc.Block, 0)
+	} else {
+		st.launch("dn_conv", cc.Grid, cc.Block, 0)
+		k.PackConvState(st.a())
+		st.launch("dn_conv_state", cc.Grid, cc.Block, 0)
+	}
 	k.PackRule(st.a(), R)
 	st.launch("dn_rule", rc.Grid, rc.Block, rc.Shared)
 	// x += out_proj(o): the residual add in the matvec's epilogue.

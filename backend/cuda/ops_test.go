@@ -784,7 +784,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldi >= n && ldh >= n, "ld"),
 			f.span("g", c.ptr(0), rowsSpan(R, ldi, n)), f.span("u", c.ptr(1), rowsSpan(R, ldi, n)),
 			f.span("h", c.ptr(3), rowsSpan(R, ldh, n)))
-	case name == "dn_conv", name == "dn_conv_state", name == "dn_rule":
+	case name == "dn_conv", name == "dn_conv_step", name == "dn_conv_state", name == "dn_rule":
 		return f.checkDN(c)
 	}
 	return fmt.Errorf("no check written for kernel %s", name)
@@ -1353,7 +1353,7 @@ func dnCall(c *fakeCall) (kern.DeltaNet, int) {
 	var k kern.DeltaNet
 	R := int(c.cfg.Grid.Y)
 	switch c.name {
-	case "dn_conv":
+	case "dn_conv", "dn_conv_step":
 		k = kern.DeltaNet{Proj: c.ptr(0), Ldp: c.int(1), Grouped: c.int(2) != 0, KeyHeads: c.int(3), KeyDim: c.int(4), ValueHeads: c.int(5),
 			ValueDim: c.int(6), ConvW: c.ptr(7), ConvKernel: c.int(8), State: c.ptr(9), Slot: c.ptr(11), Conv: c.ptr(12), Ldc: c.int(13)}
 	case "dn_conv_state":
@@ -1387,7 +1387,7 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 	k, R := dnCall(c)
 	stride, slotArg := 0, 0
 	switch c.name {
-	case "dn_conv":
+	case "dn_conv", "dn_conv_step":
 		stride, slotArg = c.int(10), 11
 	case "dn_conv_state":
 		stride, slotArg = c.int(9), 10
@@ -1423,8 +1423,11 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 	}
 	errs = append(errs, want(stride == k.StateFloats(), "stride %d, a slot holds %d", stride, k.StateFloats()),
 		f.span("state", k.State, 4*int64(f.seqs)*int64(stride)))
+	if c.name == "dn_conv_step" && dnSeqs(slots) != R {
+		errs = append(errs, fmt.Errorf("dn_conv_step over %d rows of %d sequences (one row a sequence)", R, dnSeqs(slots)))
+	}
 	switch c.name {
-	case "dn_conv", "dn_conv_state":
+	case "dn_conv", "dn_conv_step", "dn_conv_state":
 		want := k.ConvLaunch(R)
 		errs = append(errs, func() error {
 			if c.cfg.Grid != want.Grid || c.cfg.Block != want.Block || c.cfg.Shared != 0 {
@@ -1432,7 +1435,7 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 			}
 			return nil
 		}())
-		if c.name == "dn_conv" {
+		if c.name != "dn_conv_state" {
 			errs = append(errs, f.span("w", k.ConvW, 4*int64(cd*k.ConvKernel)), f.span("out", k.Conv, rowsSpan(R, k.Ldc, cd)))
 		}
 	case "dn_rule":

@@ -150,6 +150,24 @@ func (k DeltaNet) Calls(R, seqs int) ([]call, error) {
 	}, nil
 }
 
+// StepCalls returns a decode step's launches over R rows, each a sequence
+// of its own: dn_conv_step (dn_conv and dn_conv_state in one launch, the
+// same results), then dn_rule.
+func (k DeltaNet) StepCalls(R int) ([]call, error) {
+	c, err := k.Calls(R, R)
+	if err != nil {
+		return nil, err
+	}
+	c[0].name = "dn_conv_step"
+	return append(c[:1], c[2]), nil
+}
+
+// DeltaNetStep queues StepCalls: the layer's kernels over a decode step of
+// R rows of as many sequences.
+func (l *Launcher) DeltaNetStep(k DeltaNet, R int) error {
+	return l.run(k.StepCalls(R))
+}
+
 // DeltaNet queues the layer's kernels over a step of R rows of seqs
 // sequences (the slots say which rows are whose).
 func (l *Launcher) DeltaNet(k DeltaNet, R, seqs int) error {

@@ -1,6 +1,7 @@
 package kern_test
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"testing"
@@ -151,6 +152,57 @@ func TestGPUDeltaNet(t *testing.T) {
 					dnClose(t, fmt.Sprintf("step %d: state pool", si), g.readF32(k.State, seqs*stride), pool2, 1e-5)
 				}
 			})
+		}
+	}
+}
+
+// TestGPUDeltaNetStep: a decode step's dn_conv_step (the conv and the
+// carried inputs' shift in one launch) then dn_rule against dn_conv,
+// dn_conv_state and dn_rule on a copy of the same pool, bitwise (conv
+// output, block output, the whole state pool), over decode steps of 1, 3
+// and 4 rows with slots out of order, both projection layouts, at the
+// parity suite's shape and Qwen3-Next's heads.
+func TestGPUDeltaNetStep(t *testing.T) {
+	g := newGPU(t)
+	steps := [][]int32{{2}, {1, 3, 0}, {2, 0, 1, 3}, {3, 1, 0, 2}}
+	const seqs = 4
+	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {2, 4, 128, 128}} {
+		for _, grouped := range []bool{false, true} {
+			r := rng(43 + shape.dk)
+			k := kern.DeltaNet{KeyHeads: shape.nk, ValueHeads: shape.nv, KeyDim: shape.dk, ValueDim: shape.dv, ConvKernel: 4,
+				Grouped: grouped, Eps: 1e-6}
+			_, vd, cd := k.Dims()
+			pw, stride := k.ProjWidth(), k.StateFloats()
+			k.Ldp, k.Ldc, k.Ldo = pw, cd, vd
+			aLog := r.vec(k.ValueHeads, 0.5)
+			for i := range aLog {
+				aLog[i] -= 1.5
+			}
+			k.ConvW, k.ALog, k.Dt, k.NormW = g.f32(r.vec(cd*k.ConvKernel, 0.3)), g.f32(aLog), g.f32(r.vec(k.ValueHeads, 0.5)), g.f32(r.vec(k.ValueDim, 1))
+			pool := r.vec(seqs*stride, 0.2)
+			pa, pb := g.f32(pool), g.f32(pool)
+			for si, slots := range steps {
+				R := len(slots)
+				a, b := k, k
+				a.Proj = g.f32(r.vec(R*pw, 1))
+				b.Proj = a.Proj
+				a.Slot, b.Slot = g.i32(slots), g.i32(slots)
+				a.State, b.State = pa, pb
+				a.Conv, a.Out, b.Conv, b.Out = g.zeros(R*cd), g.zeros(R*vd), g.zeros(R*cd), g.zeros(R*vd)
+				g.run(func(l *kern.Launcher) error { return l.DeltaNet(a, R, R) })
+				g.run(func(l *kern.Launcher) error { return l.DeltaNetStep(b, R) })
+				label := fmt.Sprintf("%d×%d_%d×%d grouped %v step %d", shape.nk, shape.dk, shape.nv, shape.dv, grouped, si)
+				for _, p := range []struct {
+					what string
+					x, y kern.Ptr
+					n    int
+				}{{"conv output", a.Conv, b.Conv, R * cd}, {"block output", a.Out, b.Out, R * vd}, {"state pool", pa, pb, seqs * stride}} {
+					x, y := g.readBytes(p.x, 4*p.n), g.readBytes(p.y, 4*p.n)
+					if !bytes.Equal(x, y) {
+						t.Fatalf("%s: %s differs between dn_conv_step and dn_conv + dn_conv_state", label, p.what)
+					}
+				}
+			}
 		}
 	}
 }

@@ -159,7 +159,8 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"gemmq_actq_pro":    {8, 4, 4, 8, 8, 4, 4, 8, 8, 4, 4},
 		"gemmh_acth":        {8, 4, 4, 8, 4, 8, 8, 4, 4}, // (X, ldx, cols, XH, pro, U, nw, eps, one_plus)
 		// (proj, ldp, grouped, nk, dk, nv, dv, w, K, state, stride, slot, out, ldo)
-		"dn_conv": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
+		"dn_conv":      {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4},
+		"dn_conv_step": {8, 4, 4, 4, 4, 4, 4, 8, 4, 8, 4, 8, 8, 4}, // dn_conv's
 		// (proj, ldp, grouped, nk, dk, nv, dv, K, state, stride, slot)
 		"dn_conv_state": {8, 4, 4, 4, 4, 4, 4, 4, 8, 4, 8},
 		// (conv, ldc, proj, ldp, grouped, nk, dk, nv, dv, A_log, dt_bias, nw, eps, state, stride, soff, slot, R, out, ldo)

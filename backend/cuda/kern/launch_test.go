@@ -114,6 +114,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 		dn := DeltaNet{KeyHeads: 16, ValueHeads: 32, KeyDim: 128, ValueDim: 128, ConvKernel: 4, Grouped: grouped,
 			Proj: 1, Ldp: 12352, ConvW: 2, State: 3, Slot: 4, Conv: 5, Ldc: 8192, ALog: 6, Dt: 7, NormW: 8, Eps: 1e-6, Out: 9, Ldo: 4096}
 		add(dn.Calls(3, 2))
+		add(dn.StepCalls(3))
 	}
 	used := map[string]bool{}
 	for _, c := range all {

@@ -81,6 +81,30 @@ extern "C" __global__ void dn_conv_state(const float* __restrict__ proj, int ldp
   }
 }
 
+// dn_conv_step: dn_conv then dn_conv_state in one launch for steps whose
+// rows are each a sequence of its own (decode): thread (c, r) alone reads
+// and writes channel c of row r's carried inputs, so it convolves the K−1
+// of them with the row's input and shifts them by one in place (the same
+// sums, the same state). dn_conv's parameters and launch.
+extern "C" __global__ void dn_conv_step(const float* __restrict__ proj, int ldp, int grouped, int nk, int dk, int nv, int dv,
+                                        const float* __restrict__ w, int K, float* __restrict__ state, int stride,
+                                        const int* __restrict__ slot, float* __restrict__ out, int ldo) {
+  pdl_trigger();
+  pdl_wait();
+  const int cd = 2 * nk * dk + nv * dv, c = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y, h = K - 1;
+  if (c >= cd) return;
+  const int col = dn_col(c, grouped, nk, dk, nv, dv);
+  float* st = state + (size_t)slot[r] * stride;
+  const float xr = proj[(size_t)r * ldp + col];
+  float acc = 0.0f;
+  for (int j = 0; j < K; j++) {
+    const float x = j < h ? st[(size_t)j * cd + c] : xr;
+    acc += w[(size_t)c * K + j] * x;
+    if (j > 0) st[(size_t)(j - 1) * cd + c] = x;  // the window shifts by one: row j−1 takes input j
+  }
+  out[(size_t)r * ldo + c] = acc / (1.0f + expf(-acc));
+}
+
 __device__ __forceinline__ double dn_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 // dn_rule: the gated delta rule of value head h = blockIdx.x over the rows
