@@ -112,11 +112,15 @@ type Options struct {
 	// attn_mma_h where the head fits, decode steps included (an
 	// experiment's switch: CORTIQ_CUDA_ATTN=mma).
 	AttnMMAAll bool
-	// NoRopeFold runs decode steps' RoPE and K/V append as their own
-	// launch (rope_qk_append) before attn_tiles instead of inside the
-	// attention launch (attn_rope_tiles; the same bits):
-	// CORTIQ_CUDA_ROPE=apart sets it, for comparisons.
-	NoRopeFold bool
+	// RopeFold runs decode steps' RoPE and K/V append inside the
+	// attention launch (attn_rope_tiles: the same bits, one launch fewer
+	// a layer) instead of as their own launch (rope_qk_append) before
+	// attn_tiles. Off by default: on the H200 the 30B-A3B synth's decode
+	// step was 2,611 → 2,779 µs with it (docs/benchmarks.md, stop 28: the
+	// fused kernel's norm, rotation and append chain, three heads a warp
+	// in turn, took as long as the two launches). CORTIQ_CUDA_ROPE=fold
+	// sets it.
+	RopeFold bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.
 	Profile io.Writer
@@ -223,8 +227,8 @@ func Open(opt Options) (*Device, error) {
 	case "mma":
 		opt.AttnMMAAll = true
 	}
-	if os.Getenv("CORTIQ_CUDA_ROPE") == "apart" {
-		opt.NoRopeFold = true
+	if os.Getenv("CORTIQ_CUDA_ROPE") == "fold" {
+		opt.RopeFold = true
 	}
 	d := &Device{opt: opt, dev: dev, info: dev.Info()}
 	if opt.Profile != nil {

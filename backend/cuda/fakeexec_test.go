@@ -1818,10 +1818,11 @@ func TestPrefillChunksTakeAttnMMA(t *testing.T) {
 	}
 }
 
-// TestDecodeStepsFoldRope checks that decode steps (each row a sequence of
-// its own) rotate and append inside the attention launch (attn_rope_tiles:
-// no rope_qk_append), that prefill chunks keep rope_qk_append, and that
-// the logits equal Options.NoRopeFold's bit for bit and the CPU's (q/k
+// TestDecodeStepsFoldRope checks that with Options.RopeFold decode steps
+// (each row a sequence of its own) rotate and append inside the attention
+// launch (attn_rope_tiles: no rope_qk_append), that prefill chunks keep
+// rope_qk_append, and that the logits equal the default's (apart) bit for
+// bit and the CPU's (q/k
 // norms with zero-centred weights, partial rotary with the gate, f32 and
 // f16 caches, three sequences decoded together).
 func TestDecodeStepsFoldRope(t *testing.T) {
@@ -1841,14 +1842,14 @@ func TestDecodeStepsFoldRope(t *testing.T) {
 		for i, apart := range []bool{false, true} {
 			f := newFake(t, 3)
 			f.numeric, f.decoded = true, map[string][]float32{}
-			d := fakeOpen(f, Options{Seqs: 3, Ctx: 128, MaxRows: 16, KVF16: true, NoRopeFold: apart})
+			d := fakeOpen(f, Options{Seqs: 3, Ctx: 128, MaxRows: 16, KVF16: true, RopeFold: !apart})
 			got, err := backendtest.Run(d, k, sched, 7)
 			if err != nil {
 				t.Fatal(err)
 			}
 			logits[i] = got
 			if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
-				t.Errorf("%s (NoRopeFold %v): NMSE %.3g against the CPU", name, apart, e)
+				t.Errorf("%s (RopeFold %v): NMSE %.3g against the CPU", name, !apart, e)
 			}
 			ran := map[string]int{}
 			for _, call := range f.calls {
@@ -1863,7 +1864,7 @@ func TestDecodeStepsFoldRope(t *testing.T) {
 				wantRan = map[string]int{"rope_qk_append": 7, "attn_tiles": 7}
 			}
 			if fmt.Sprint(ran) != fmt.Sprint(wantRan) {
-				t.Errorf("%s (NoRopeFold %v): launched %v, want %v", name, apart, ran, wantRan)
+				t.Errorf("%s (RopeFold %v): launched %v, want %v", name, !apart, ran, wantRan)
 			}
 		}
 		for i := range logits[0] {

@@ -1234,10 +1234,10 @@ func (st *state) Attention(w *backend.Attention, layer int) {
 	o := w.O.(*mat)
 	prefill := R > attnMMAPrefillRows && (o.dt == quant.Q4TP || o.dt == quant.Q8Row || o.dt == quant.Q82F)
 	mma := tiles && (outh != 0 || prefill || d.opt.AttnMMAAll) && d.kvHalf && kern.AttnMMAFits(hd, ld, nq/nkv) && !d.opt.NoAttnMMA
-	// Decode steps (each row a sequence of its own) on attn_tiles: the
-	// rotation and the append inside the attention launch
+	// Options.RopeFold: decode steps (each row a sequence of its own) on
+	// attn_tiles rotate and append inside the attention launch
 	// (attn_rope_tiles), one launch fewer a layer.
-	fold := tiles && !mma && !r.t.Dynamic() && st.rows == len(st.b.Seqs) && !d.opt.NoFusion && !d.opt.NoRopeFold
+	fold := tiles && !mma && !r.t.Dynamic() && st.rows == len(st.b.Seqs) && !d.opt.NoFusion && d.opt.RopeFold
 	if fold {
 		// Nothing to launch here: the attention below rotates and appends.
 	} else if r.t.Dynamic() {

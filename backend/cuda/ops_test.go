@@ -738,7 +738,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 			out = rowsE
 		}
 		return errorsJoin(want(b.X == 512 && g == kern.MoEMatvecGrid(nslot, nmat, rowsE, 132) && c.cfg.Shared == kern.MoEMatvecSharedFor(dt, cols, nx), "shape"),
-			want(nslot%k == 0 && (nx <= 64 || c.cfg.Shared == 0) && ldx >= xw && ldy >= out && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
+			want(nslot%k == 0 && (nx <= 64 && nslot <= kern.MoESlots || c.cfg.Shared == 0) && ldx >= xw && ldy >= out && E >= 1 && (nmat == 1 || nmat == 2), "ld"),
 			want(xmode >= kern.MoEXRow && xmode <= kern.MoEXGLU && (xmode != kern.MoEXGLU || nmat == 2 && kern.MoEGLUFits(dt, cols)), "xmode %d", xmode),
 			f.span("table", c.ptr(0), 8*int64(nmat*E)),
 			f.span("ids", c.ptr(3), 4*int64(nslot)), f.span("x", c.ptr(8), rowsSpan(nx, ldx, xw)), f.span("y", c.ptr(12), rowsSpan(nslot, ldy, out)))

@@ -1370,7 +1370,7 @@ func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, ro
 		return nil, fmt.Errorf("kern: no expert matvec for %s", d)
 	case xmode == MoEXGLU && (nmat != 2 || !MoEGLUFits(d, cols)):
 		return nil, fmt.Errorf("kern: expert matvec %s with the SwiGLU epilogue over %d matrices of %d columns", d, nmat, cols)
-	case k < 1 || nslot < 1 || nslot%k != 0 || (quantizedActs(d) && nx > 64) || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
+	case k < 1 || nslot < 1 || nslot%k != 0 || (quantizedActs(d) && (nx > 64 || nslot > MoESlots)) || (d == quant.Q4TP && cols%32 != 0) || (pro != ProPlain && pro != ProSilu) ||
 		E < 1 || nmat < 1 || nmat > 2 || xmode < MoEXRow || xmode > MoEXGLU || ldy < out:
 		return nil, fmt.Errorf("kern: expert matvec %s over %d slots of top %d, %d × %d×%d of %d experts, prologue %d", d, nslot, k, nmat, rowsE, cols, E, pro)
 	}
@@ -1378,6 +1378,10 @@ func moeMatvecCalls(d quant.DType, table Ptr, E, nmat int, ids Ptr, nslot, k, ro
 		Ptr(y).Int(ldy).Int(pro).Ptr(0).F32(0)
 	return one("mv_moe_"+fam, MoEMatvecGrid(nslot, nmat, rowsE, sms), driver.D1(512), MoEMatvecSharedFor(d, cols, nx), a), nil
 }
+
+// MoESlots bounds the slots of one quantized expert launch (mv_moe_q8row,
+// mv_moe_q4tp, mv_moe_dc_*): their ids are staged in shared memory.
+const MoESlots = 64
 
 // MoEMatvec queues y[s][m·rowsE + o] = W_{m,ids[s]}[o]·x'[xrow(s)] for
 // nslot slots of top-k routing and nmat matrices (1, or 2: gate and up

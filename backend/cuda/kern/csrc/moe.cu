@@ -647,16 +647,32 @@ __device__ __forceinline__ void moe_gu_body(MOE_PARAMS, uint8_t* smem) {
   }
 }
 
+// moe_ids_load: right after pdl_wait, the step's nslot (≤ MOE_SLOTS)
+// expert ids into shared memory (sids) in one round of loads, while the
+// activation rows (nx rows of span floats, ldx apart) are asked for in L1:
+// the weight prefetches and the prologue that follow then wait on no
+// global load of their own (the ids were one dependent L2 round trip
+// each, the rows another). The caller syncs the block before reading sids.
+#define MOE_SLOTS 64
+__device__ __forceinline__ void moe_ids_load(const int* __restrict__ ids, int nslot, const float* __restrict__ x, int ldx,
+                                             int nx, int span, int* sids) {
+  const int tid = threadIdx.x, lpr = (span + 31) / 32;  // 128-byte lines a row
+  for (int i = tid; i < nx * lpr; i += blockDim.x) prefetch_l1(x + (size_t)(i / lpr) * ldx + 32 * (i % lpr));
+  if (tid < nslot) sids[tid] = ids[tid];
+}
+
 template <bool Q4>
 __device__ __forceinline__ void mv_moe(MOE_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   __shared__ const uint8_t* tab[MOE_TAB];
+  __shared__ int sids[MOE_SLOTS];
   pdl_trigger();
   const uint8_t* const* tb = moe_table_load(table, E * nmat, tab);
   pdl_wait();  // ids come from moe_route
-  __syncthreads();  // tab
-  moe_gu_prefetch<Q4>(tb, E, nmat, ids, nslot, rowsE, cols, xmode);
-  moe_gu_body<Q4>(tb, E, nmat, ids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps, mq_smem);
+  moe_ids_load(ids, nslot, x, ldx, xmode == 1 ? nslot : nslot / k, pro == MQ_SILU ? xoff + cols : cols, sids);
+  __syncthreads();  // tab, sids
+  moe_gu_prefetch<Q4>(tb, E, nmat, sids, nslot, rowsE, cols, xmode);
+  moe_gu_body<Q4>(tb, E, nmat, sids, nslot, k, rowsE, cols, x, ldx, xoff, xmode, y, ldy, pro, nw, eps, mq_smem);
 }
 
 // mv_moe_dc_{q4tp,q8row}: the down products and the combine in one launch
@@ -778,12 +794,14 @@ template <bool Q4>
 __device__ __forceinline__ void mv_moe_dc(MOE_DC_PARAMS) {
   extern __shared__ __align__(16) uint8_t mq_smem[];
   __shared__ const uint8_t* tab[MOE_TAB];
+  __shared__ int sids[MOE_SLOTS];
   pdl_trigger();
   const uint8_t* const* tb = moe_table_load(table, E, tab);
   pdl_wait();  // the gate|up products and the routing come from earlier launches
-  __syncthreads();  // tab
-  moe_dc_prefetch<Q4>(tb, ids, nslot, k, rowsE, cols);
-  moe_dc_body<Q4>(tb, E, ids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g, mq_smem);
+  moe_ids_load(ids, nslot, x, ldx, nslot, xoff + cols, sids);
+  __syncthreads();  // tab, sids
+  moe_dc_prefetch<Q4>(tb, sids, nslot, k, rowsE, cols);
+  moe_dc_body<Q4>(tb, E, sids, nslot, k, rowsE, cols, x, ldx, xoff, pro, y, ldy, w, ys, g, mq_smem);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) mv_moe_dc_q4tp(MOE_DC_PARAMS) { mv_moe_dc<true>(MOE_DC_ARGS); }
