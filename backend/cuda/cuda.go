@@ -80,6 +80,12 @@ type Options struct {
 	// gate|up, mv_moe_dc_* down and combine). Off by default: on the H200
 	// the one launch's step was 2–3% slower (docs/benchmarks.md, stop 25).
 	MoEFF bool
+	// Branch runs a decode step's shared expert (Qwen3-Next's MoE blocks)
+	// on a second stream beside the router and the routed experts'
+	// gate|up launch, joined before the down launch that adds it (a fork
+	// and a join in the step's graph), its gate|up with the block's norm
+	// in its prologue. CORTIQ_CUDA_BRANCH=1 sets it.
+	Branch bool
 	// CheckEveryStep packs every decode step to compare it with its graph
 	// before replaying it, even when the step and its shape are the last
 	// checked replay's (Batch.Step; for comparisons and tests).
@@ -136,6 +142,12 @@ type Device struct {
 	info driver.Info
 	mod  *kern.Module
 	strm driver.Stream
+	// side is the stream a step's independent branch runs on (Options.
+	// Branch), forked from strm at forkEv and joined back at joinEv;
+	// onSide routes launches to it.
+	side            driver.Stream
+	forkEv, joinEv  driver.Event
+	onSide          bool
 	// do runs f on the device thread with a runner for the device's
 	// stream (the CPU tests give a fake).
 	do func(f func(r runner) error) error
@@ -227,6 +239,9 @@ func Open(opt Options) (*Device, error) {
 	case "mma":
 		opt.AttnMMAAll = true
 	}
+	if os.Getenv("CORTIQ_CUDA_BRANCH") == "1" {
+		opt.Branch = true
+	}
 	if os.Getenv("CORTIQ_CUDA_ROPE") == "fold" {
 		opt.RopeFold = true
 	}
@@ -249,6 +264,15 @@ func Open(opt Options) (*Device, error) {
 			slog.Debug("cuda: cluster capacities", "caps", d.mod.ClusterCaps[1:])
 		}
 		if d.strm, err = c.NewStream(driver.StreamNonBlocking); err != nil {
+			return err
+		}
+		if d.side, err = c.NewStream(driver.StreamNonBlocking); err != nil {
+			return err
+		}
+		if d.forkEv, err = c.NewEvent(driver.EventDisableTiming); err != nil {
+			return err
+		}
+		if d.joinEv, err = c.NewEvent(driver.EventDisableTiming); err != nil {
 			return err
 		}
 		d.stage, err = c.HostAlloc(stageBytes, 0)

@@ -254,6 +254,48 @@ func TestGPUFusedEqualsUnfused(t *testing.T) {
 	}
 }
 
+// TestGPUBranchEqualsSerial: with Options.Branch the MoE cases with a
+// shared expert run its decode launches on the side stream (forked and
+// joined inside each replayed graph) and give the logits of the default
+// single stream, eager and from graphs, over decode steps of three
+// sequences: the same kernels, the shared gate|up's norm in its own
+// prologue (Σx² summed in another order, so within 1e-9, not bitwise).
+func TestGPUBranchEqualsSerial(t *testing.T) {
+	sched := []backendtest.Step{{{0, 7}, {1, 3}, {2, 12}}}
+	for range 12 {
+		sched = append(sched, backendtest.Step{{0, 1}, {1, 1}, {2, 1}})
+	}
+	for _, graphs := range []bool{false, true} {
+		b := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, Branch: true})
+		s := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		var cases []backendtest.Case
+		for _, k := range backendtest.Cases() {
+			if k.Op == "moe" && k.Shared && (k.DType == quant.Q4TP || k.DType == quant.Q8Row) {
+				cases = append(cases, k)
+			}
+		}
+		if len(cases) == 0 {
+			t.Fatal("no quantized MoE case with a shared expert")
+		}
+		for _, k := range cases {
+			x, err := backendtest.Run(b, k, sched, 6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y, err := backendtest.Run(s, k, sched, 6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := backendtest.NMSE(x, y); n > 1e-9 || n != n {
+				t.Errorf("%s (graphs %v): the side stream's logits differ from one stream's (NMSE %.3g)", k.Name, graphs, n)
+			}
+		}
+		if graphs && b.Replays() == 0 {
+			t.Fatal("no step was replayed from a graph")
+		}
+	}
+}
+
 // TestGPUReadProbe: the device's read probe (backend.Prober, what cortiq
 // bench compares decode rows with) gives a bandwidth the GPU can have
 // (targets.md: 4547 GB/s best of 10 on the H200; kern's

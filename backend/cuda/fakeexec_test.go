@@ -1916,3 +1916,58 @@ func TestDecodeStepsFuseConv(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedBranchOnFake checks Options.Branch: a decode step's shared
+// expert (gate|up with the block's norm in its prologue, then down) is
+// launched on the side stream — the fake marks those launches and fails a
+// fork without its join — and prefill steps keep one stream; the logits
+// equal the default's and the CPU's, eager and replayed from graphs.
+func TestSharedBranchOnFake(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{0, 1}, {1, 1}}, {{1, 1}, {0, 1}}, {{0, 1}, {1, 1}}, {{0, 2}}}
+	for _, name := range []string{"moe/q4tp/shared_norenorm", "moe/q8_row/shared_norenorm"} {
+		k, ok := backendtest.CaseNamed(name)
+		if !ok {
+			t.Fatalf("no %s case in backendtest.Cases", name)
+		}
+		want, err := backendtest.Run(c, k, sched, 11)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logits [2][]float32
+		for i, branch := range []bool{false, true} {
+			f := newFake(t, 2)
+			f.numeric, f.decoded = true, map[string][]float32{}
+			d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16, Graphs: true, Branch: branch})
+			got, err := backendtest.Run(d, k, sched, 11)
+			if err != nil {
+				t.Fatal(err)
+			}
+			logits[i] = got
+			if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
+				t.Errorf("%s (Branch %v): NMSE %.3g against the CPU", name, branch, e)
+			}
+			side, routers := 0, 0
+			for _, call := range f.calls {
+				if call.name == "moe_router_f32" {
+					routers++ // one a fused (decode) MoE step
+				}
+				if call.side {
+					side++
+					if !strings.HasPrefix(call.name, "mv_") {
+						t.Errorf("%s: %s launched on the side stream", name, call.name)
+					}
+				}
+			}
+			// The shared expert's two launches in every decode step's
+			// MoE block, none elsewhere.
+			if wantSide := 2 * routers * b2i(branch); side != wantSide || routers == 0 {
+				t.Errorf("%s (Branch %v): %d launches on the side stream over %d decode MoE blocks, want %d", name, branch, side, routers, wantSide)
+			}
+		}
+		if e := backendtest.NMSE(logits[1], logits[0]); e > 1e-12 || e != e {
+			t.Errorf("%s: Branch's logits differ from the default's (NMSE %.3g)", name, e)
+		}
+	}
+}

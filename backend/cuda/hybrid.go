@@ -75,6 +75,10 @@ func (st *state) MoE(w *backend.MoE) {
 	// the general path takes 6. Options.NoFusion keeps the general path.
 	fused := !grouped && st.moeFusable(w, dt, H)
 	routerGate := false // moe_router_f32 computes the shared expert's gate
+	var join func()     // the branch's join, before the down launch (Options.Branch)
+	if fused && w.Shared != nil && st.d.opt.Branch && !st.timeKernels && st.d.prof == nil {
+		join = st.sharedBranch(w, x, R, H)
+	}
 	if fused {
 		r := w.Router.(*mat)
 		cnt := st.bufZeroed("moe_cnt", int64(M)*4)
@@ -101,7 +105,9 @@ func (st *state) MoE(w *backend.MoE) {
 		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k, nil)
 	}
 	var ys, sg driver.DevicePtr
-	if w.Shared != nil {
+	if join != nil {
+		ys, sg = st.buf("moe_ys", int64(M)*int64(H)*4), st.buf("moe_sg", int64(M)*4)
+	} else if w.Shared != nil {
 		sI, _ := w.Shared.Gate.Dims()
 		sgu := st.buf("moe_sgu", int64(M)*int64(2*sI)*4)
 		sh := st.buf("moe_sh", int64(M)*int64(sI)*4)
@@ -127,7 +133,7 @@ func (st *state) MoE(w *backend.MoE) {
 		}
 	}
 	if fused {
-		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k, &moeComb{wts, x, ys, sg})
+		st.moeSlots(dt, tabs, xb, ids, gu, yd, R, H, I, E, k, &moeComb{wts, x, ys, sg, join})
 		return
 	}
 	st.a().Ptr(x).Int(H).Ptr(yd).Int(H).Ptr(wts).Int(k).Ptr(ys).Ptr(sg).Int(H).Ptr(inv)
@@ -241,6 +247,10 @@ func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu,
 				yd.Add(4*sl*int64(H)), H, kern.ProSilu, n*k)
 			continue
 		}
+		if comb.join != nil {
+			comb.join() // the shared expert's rows, from the side stream
+			comb.join = nil
+		}
 		if st.d.opt.MoEFF {
 			// The whole expert FFN in one launch (a grid barrier between
 			// gate|up and down).
@@ -277,8 +287,38 @@ func (st *state) moeSlots(dt quant.DType, tabs [3]driver.DevicePtr, xb, ids, gu,
 
 // moeComb is the combine mv_moe_dc_* folds into a decode step's down
 // launches: the routing weights, the residual rows, the shared expert's
-// output and gate logits (0: none).
-type moeComb struct{ wts, x, ys, sg driver.DevicePtr }
+// output and gate logits (0: none), and the join to make before the first
+// down launch when the shared expert runs on the side stream (nil: none).
+type moeComb struct {
+	wts, x, ys, sg driver.DevicePtr
+	join           func()
+}
+
+// sharedBranch queues a decode step's shared expert on the side stream
+// (Options.Branch): gate|up stacked with the block's norm in the
+// prologue (from x itself, so it starts with the router), then down with
+// SwiGLU in its prologue into moe_ys; the step's launches resume on its
+// own stream. It returns the join for the down launch that adds moe_ys,
+// or nil (nothing queued) when the shared expert does not take the fused
+// matvecs.
+func (st *state) sharedBranch(w *backend.MoE, x driver.DevicePtr, R, H int) func() {
+	M := st.d.opt.MaxRows
+	sgm, sum, sdm := w.Shared.Gate.(*mat), w.Shared.Up.(*mat), w.Shared.Down.(*mat)
+	sI := sgm.rows
+	g, ok := w.SharedGate.(*mat)
+	if !st.fusable(sgm, sum) || !st.fusable(sdm) || sum.rows != sI || sdm.cols != sI || sgm.cols != H ||
+		!ok || g.dt != quant.F32 || g.rows != 1 || g.cols != H || g.p%16 != 0 {
+		return nil
+	}
+	sgu := st.buf("moe_sgu", int64(M)*int64(2*sI)*4)
+	ys := st.buf("moe_ys", int64(M)*int64(H)*4)
+	st.fork()
+	st.mvNorm([]backend.Mat{sgm, sum}, []driver.DevicePtr{0, 0}, x, H, sgu, 2*sI, &w.Norm, R)
+	st.mq(sdm.dt, kern.MQ{W: [3]driver.DevicePtr{sdm.p}, Rows: [3]int{sdm.rows}, Cols: sI, X: sgu, Ldx: 2 * sI, XOff: sI,
+		Y: ys, Ldy: H, Pro: kern.ProSilu}, R)
+	st.unfork()
+	return st.join
+}
 
 // moeLaunch queues mv_moe_<fam> over nslot slots of nmat rowsE×cols
 // matrices of E experts from table, nx activation rows quantized in the

@@ -46,6 +46,12 @@ type runner interface {
 	// both recorded and completed (after sync).
 	record(i int) error
 	since(i, j int) (float32, error)
+	// side(true) makes the side stream wait for the step's stream here
+	// and routes later launches to it, side(false) routes them back to the
+	// step's stream; join makes the step's stream wait for the work queued
+	// on the side stream so far (Options.Branch).
+	side(on bool) error
+	join() error
 }
 
 // gpuRunner runs a step on the device's stream.
@@ -62,6 +68,9 @@ func (g gpuRunner) launch(name string, cfg driver.Config, a *driver.Args) error 
 	// next GEMM's early blocks would hold multiprocessors the current one
 	// needs (measured: pp512 1531 vs 1830 tok/s on an H200; tg128 308 vs 280).
 	cfg.Stream, cfg.PDL = g.d.strm, g.d.opt.PDL && g.d.st != nil && g.d.st.rows <= max(g.d.opt.PDLRows, 1)
+	if g.d.onSide {
+		cfg.Stream = g.d.side
+	}
 	if cfg.Shared > 0 && g.d.optin[name] < cfg.Shared {
 		// Dynamic and static shared memory beyond 48 KB together need the
 		// kernel's opt-in; static sizes reach 17 KB (mv_moe_*'s expert
@@ -98,6 +107,22 @@ func (g gpuRunner) profEnd() error {
 		return nil
 	}
 	return g.d.prof.collect(g.c)
+}
+func (g gpuRunner) side(on bool) error {
+	g.d.onSide = on
+	if !on {
+		return nil
+	}
+	if err := g.c.Record(g.d.forkEv, g.d.strm); err != nil {
+		return err
+	}
+	return g.c.WaitEvent(g.d.side, g.d.forkEv)
+}
+func (g gpuRunner) join() error {
+	if err := g.c.Record(g.d.joinEv, g.d.side); err != nil {
+		return err
+	}
+	return g.c.WaitEvent(g.d.strm, g.d.joinEv)
 }
 func (g gpuRunner) sync() error   { return g.c.StreamSync(g.d.strm) }
 func (g gpuRunner) stage() []byte { return g.d.stage.Bytes() }
@@ -384,6 +409,29 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 		if err := st.r.sync(); err != nil {
 			st.fail(fmt.Errorf("cuda: %s: %w", name, err))
 		}
+	}
+}
+
+// fork, unfork and join place launches on the side stream beside the
+// step's (Options.Branch): fork where they may start (later launches go
+// to the side stream), unfork where the step's own launches resume, join
+// where the step's later launches need the side's done. All three are
+// part of the step's signature, so a replay compares them too.
+func (st *state) fork()   { st.branch("fork", func() error { return st.r.side(true) }) }
+func (st *state) unfork() { st.branch("unfork", func() error { return st.r.side(false) }) }
+func (st *state) join()   { st.branch("join", st.r.join) }
+
+func (st *state) branch(what string, f func() error) {
+	if st.err != nil {
+		return
+	}
+	st.actq.ok = false
+	st.sig = append(st.sig, what...)
+	if st.mode == modeCheck {
+		return
+	}
+	if err := f(); err != nil {
+		st.fail(fmt.Errorf("cuda: %s: %w", what, err))
 	}
 }
 

@@ -37,6 +37,7 @@ type fakeCall struct {
 	cfg  driver.Config
 	args []byte
 	offs []int
+	side bool // launched on the side stream (Options.Branch)
 }
 
 type fakeGPU struct {
@@ -65,6 +66,8 @@ type fakeGPU struct {
 	// marks are the timing events' readings of it.
 	clock time.Duration
 	marks map[int]time.Duration
+	// onSide: launches go to the side stream; forked: a fork not joined yet.
+	onSide, forked bool
 	// lastActQ is the last gemmq_actq launched (a gemmq_* must read its quants).
 	lastActQ *fakeCall
 	// halfIn is the last f16 activations a launch wrote for the half wide
@@ -78,6 +81,31 @@ type fakeGPU struct {
 
 // The fake's device times (TestStepTimer).
 const fakeKernel, fakeGap = 10 * time.Microsecond, 2 * time.Microsecond
+
+// side and join model the side stream: launches between side(true) and
+// side(false) are marked as the side's; a fork while forked, a join with
+// nothing forked, or a graph ended with a side not joined is an error.
+func (f *fakeGPU) side(on bool) error {
+	if on == f.onSide {
+		return fmt.Errorf("fake: side(%v) while on the side is %v", on, f.onSide)
+	}
+	if on && f.forked {
+		return fmt.Errorf("fake: a second fork before the join")
+	}
+	f.onSide = on
+	if on {
+		f.forked = true
+	}
+	return nil
+}
+
+func (f *fakeGPU) join() error {
+	if !f.forked || f.onSide {
+		return fmt.Errorf("fake: join without a fork (or still launching on the side)")
+	}
+	f.forked = false
+	return nil
+}
 
 func (f *fakeGPU) record(i int) error {
 	if f.capturing {
@@ -228,6 +256,9 @@ func (f *fakeGPU) endCapture() (driver.GraphExec, error) {
 		return 0, fmt.Errorf("fake: capture ended without beginning")
 	}
 	f.capturing = false
+	if f.forked || f.onSide {
+		return 0, fmt.Errorf("fake: capture ended with the side stream not joined")
+	}
 	f.nextExec++
 	f.graphs[f.nextExec] = f.captured
 	return f.nextExec, nil
@@ -279,7 +310,7 @@ func (f *fakeGPU) launch(name string, cfg driver.Config, a *driver.Args) error {
 	if err := a.Check(ps); err != nil {
 		return fmt.Errorf("fake: %s: %w", name, err)
 	}
-	c := fakeCall{name: name, cfg: cfg, args: append([]byte(nil), a.Bytes()...)}
+	c := fakeCall{name: name, cfg: cfg, args: append([]byte(nil), a.Bytes()...), side: f.onSide}
 	for i := range a.Len() {
 		c.offs = append(c.offs, a.Offset(i))
 	}

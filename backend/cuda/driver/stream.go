@@ -58,6 +58,12 @@ func (c *Ctx) DestroyEvent(e Event) error {
 // Record records e on stream s.
 func (c *Ctx) Record(e Event, s Stream) error { return c.call("cuEventRecord", uintptr(e), uintptr(s)) }
 
+// WaitEvent makes later work queued on s wait for e's record (a fork or
+// join between streams; inside a stream capture, an edge of the graph).
+func (c *Ctx) WaitEvent(s Stream, e Event) error {
+	return c.call("cuStreamWaitEvent", uintptr(s), uintptr(e), 0)
+}
+
 // EventDone reports whether the work before e's record has completed,
 // without waiting: a caller polls it instead of sleeping in EventSync
 // (a blocking wait can cost a thread wake-up of a millisecond or more).
