@@ -80,12 +80,15 @@ type Options struct {
 	// gate|up, mv_moe_dc_* down and combine). Off by default: on the H200
 	// the one launch's step was 2–3% slower (docs/benchmarks.md, stop 25).
 	MoEFF bool
-	// Branch runs a decode step's shared expert (Qwen3-Next's MoE blocks)
-	// on a second stream beside the router and the routed experts'
-	// gate|up launch, joined before the down launch that adds it (a fork
-	// and a join in the step's graph), its gate|up with the block's norm
-	// in its prologue. CORTIQ_CUDA_BRANCH=1 sets it.
-	Branch bool
+	// NoBranch keeps a decode step's shared expert (Qwen3-Next's MoE
+	// blocks) on the step's stream. By default it runs on a second stream
+	// beside the router and the routed experts' gate|up launch, joined
+	// before the down launch that adds it (a fork and a join in the step's
+	// graph), its gate|up with the block's norm in its prologue: on the
+	// H200 the Qwen3-Next-80B-A3B synth's decode step 3,772 → 3,550 µs,
+	// tg64 254 → 265.5 tok/s (docs/benchmarks.md, stop 28).
+	// CORTIQ_CUDA_BRANCH=0 sets it.
+	NoBranch bool
 	// CheckEveryStep packs every decode step to compare it with its graph
 	// before replaying it, even when the step and its shape are the last
 	// checked replay's (Batch.Step; for comparisons and tests).
@@ -239,8 +242,8 @@ func Open(opt Options) (*Device, error) {
 	case "mma":
 		opt.AttnMMAAll = true
 	}
-	if os.Getenv("CORTIQ_CUDA_BRANCH") == "1" {
-		opt.Branch = true
+	if os.Getenv("CORTIQ_CUDA_BRANCH") == "0" {
+		opt.NoBranch = true
 	}
 	if os.Getenv("CORTIQ_CUDA_ROPE") == "fold" {
 		opt.RopeFold = true

@@ -254,8 +254,8 @@ func TestGPUFusedEqualsUnfused(t *testing.T) {
 	}
 }
 
-// TestGPUBranchEqualsSerial: with Options.Branch the MoE cases with a
-// shared expert run its decode launches on the side stream (forked and
+// TestGPUBranchEqualsSerial: by default (not Options.NoBranch) the MoE
+// cases with a shared expert run its decode launches on the side stream (forked and
 // joined inside each replayed graph) and give the logits of the default
 // single stream, eager and from graphs, over decode steps of three
 // sequences: the same kernels, the shared gate|up's norm in its own
@@ -266,8 +266,8 @@ func TestGPUBranchEqualsSerial(t *testing.T) {
 		sched = append(sched, backendtest.Step{{0, 1}, {1, 1}, {2, 1}})
 	}
 	for _, graphs := range []bool{false, true} {
-		b := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, Branch: true})
-		s := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		b := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs})
+		s := open(t, cuda.Options{Seqs: 4, Ctx: 128, MaxRows: 64, Graphs: graphs, NoBranch: true})
 		var cases []backendtest.Case
 		for _, k := range backendtest.Cases() {
 			if k.Op == "moe" && k.Shared && (k.DType == quant.Q4TP || k.DType == quant.Q8Row) {

@@ -1917,7 +1917,8 @@ func TestDecodeStepsFuseConv(t *testing.T) {
 	}
 }
 
-// TestSharedBranchOnFake checks Options.Branch: a decode step's shared
+// TestSharedBranchOnFake checks the shared expert's branch (the default;
+// Options.NoBranch keeps one stream): a decode step's shared
 // expert (gate|up with the block's norm in its prologue, then down) is
 // launched on the side stream — the fake marks those launches and fails a
 // fork without its join — and prefill steps keep one stream; the logits
@@ -1939,7 +1940,7 @@ func TestSharedBranchOnFake(t *testing.T) {
 		for i, branch := range []bool{false, true} {
 			f := newFake(t, 2)
 			f.numeric, f.decoded = true, map[string][]float32{}
-			d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16, Graphs: true, Branch: branch})
+			d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16, Graphs: true, NoBranch: !branch})
 			got, err := backendtest.Run(d, k, sched, 11)
 			if err != nil {
 				t.Fatal(err)

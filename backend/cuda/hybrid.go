@@ -75,8 +75,8 @@ func (st *state) MoE(w *backend.MoE) {
 	// the general path takes 6. Options.NoFusion keeps the general path.
 	fused := !grouped && st.moeFusable(w, dt, H)
 	routerGate := false // moe_router_f32 computes the shared expert's gate
-	var join func()     // the branch's join, before the down launch (Options.Branch)
-	if fused && w.Shared != nil && st.d.opt.Branch && !st.timeKernels && st.d.prof == nil {
+	var join func()     // the branch's join, before the down launch (not Options.NoBranch)
+	if fused && w.Shared != nil && !st.d.opt.NoBranch && !st.timeKernels && st.d.prof == nil {
 		join = st.sharedBranch(w, x, R, H)
 	}
 	if fused {
@@ -295,7 +295,7 @@ type moeComb struct {
 }
 
 // sharedBranch queues a decode step's shared expert on the side stream
-// (Options.Branch): gate|up stacked with the block's norm in the
+// (unless Options.NoBranch): gate|up stacked with the block's norm in the
 // prologue (from x itself, so it starts with the router), then down with
 // SwiGLU in its prologue into moe_ys; the step's launches resume on its
 // own stream. It returns the join for the down launch that adds moe_ys,

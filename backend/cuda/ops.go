@@ -49,7 +49,7 @@ type runner interface {
 	// side(true) makes the side stream wait for the step's stream here
 	// and routes later launches to it, side(false) routes them back to the
 	// step's stream; join makes the step's stream wait for the work queued
-	// on the side stream so far (Options.Branch).
+	// on the side stream so far (the shared expert's branch: Options.NoBranch).
 	side(on bool) error
 	join() error
 }
@@ -413,7 +413,7 @@ func (st *state) launch(name string, grid, block driver.Dim3, shared int) {
 }
 
 // fork, unfork and join place launches on the side stream beside the
-// step's (Options.Branch): fork where they may start (later launches go
+// step's (the shared expert's branch: Options.NoBranch): fork where they may start (later launches go
 // to the side stream), unfork where the step's own launches resume, join
 // where the step's later launches need the side's done. All three are
 // part of the step's signature, so a replay compares them too.

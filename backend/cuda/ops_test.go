@@ -37,7 +37,7 @@ type fakeCall struct {
 	cfg  driver.Config
 	args []byte
 	offs []int
-	side bool // launched on the side stream (Options.Branch)
+	side bool // launched on the side stream (the shared expert's branch: Options.NoBranch)
 }
 
 type fakeGPU struct {
