@@ -148,9 +148,9 @@ type Device struct {
 	// side is the stream a step's independent branch runs on (Options.
 	// Branch), forked from strm at forkEv and joined back at joinEv;
 	// onSide routes launches to it.
-	side            driver.Stream
-	forkEv, joinEv  driver.Event
-	onSide          bool
+	side           driver.Stream
+	forkEv, joinEv driver.Event
+	onSide         bool
 	// do runs f on the device thread with a runner for the device's
 	// stream (the CPU tests give a fake).
 	do func(f func(r runner) error) error
