@@ -145,8 +145,8 @@ type Device struct {
 	info driver.Info
 	mod  *kern.Module
 	strm driver.Stream
-	// side is the stream a step's independent branch runs on (Options.
-	// Branch), forked from strm at forkEv and joined back at joinEv;
+	// side is the stream a step's independent branch runs on (the shared
+	// expert's, unless Options.NoBranch), forked from strm at forkEv and joined back at joinEv;
 	// onSide routes launches to it.
 	side           driver.Stream
 	forkEv, joinEv driver.Event
