@@ -524,6 +524,9 @@ func (d *Device) runStep(r runner, b *backend.Batch, step func(backend.Ops)) err
 	}
 	st := d.st
 	st.r, st.b, st.rows = r, b, b.Rows()
+	// A step that failed between a fork and its unfork left launches
+	// routed to the side stream: every step starts on its own stream.
+	d.onSide = false
 	defer func() { st.r, st.b = nil, nil }()
 	st.last = st.last[:0]
 	// Stage ids, positions and slots: one host-to-device copy. The stage
