@@ -86,7 +86,8 @@ type Options struct {
 	// before the down launch that adds it (a fork and a join in the step's
 	// graph), its gate|up with the block's norm in its prologue: on the
 	// H200 the Qwen3-Next-80B-A3B synth's decode step 3,772 → 3,550 µs,
-	// tg64 254 → 265.5 tok/s (docs/benchmarks.md, stop 28).
+	// tg64 254 → 265.5 tok/s (`cortiq bench -p 512 -n 64 -r 2`, both
+	// settings interleaved in one call: docs/benchmarks.md, stop 28 run 5).
 	// CORTIQ_CUDA_BRANCH=0 sets it.
 	NoBranch bool
 	// CheckEveryStep packs every decode step to compare it with its graph
@@ -125,10 +126,11 @@ type Options struct {
 	// attention launch (attn_rope_tiles: the same bits, one launch fewer
 	// a layer) instead of as their own launch (rope_qk_append) before
 	// attn_tiles. Off by default: on the H200 the 30B-A3B synth's decode
-	// step was 2,611 → 2,779 µs with it (docs/benchmarks.md, stop 28: the
-	// fused kernel's norm, rotation and append chain, three heads a warp
-	// in turn, took as long as the two launches). CORTIQ_CUDA_ROPE=fold
-	// sets it.
+	// step (`cortiq bench -p 512 -n 128 -r 2`, against the default in the
+	// same call) was 2,602 → 2,772 µs with it (docs/benchmarks.md, stop 28
+	// run 4: the fused kernel's norm, rotation and append chain, three
+	// heads a warp in turn, took as long as the two launches).
+	// CORTIQ_CUDA_ROPE=fold sets it.
 	RopeFold bool
 	// Profile, when set, times every kernel of every step with events
 	// (steps run eagerly: no graphs) and Close writes the table to it.

@@ -1818,41 +1818,49 @@ func TestPrefillChunksTakeAttnMMA(t *testing.T) {
 	}
 }
 
+// numericOnFake runs the backendtest case name over sched on a numeric
+// fake opened with opt (opt.Seqs sequences) and on the CPU device c, fails
+// t where the fake's logits are more than 1e-4 (NMSE) from the CPU's, and
+// returns them with the fake's launches.
+func numericOnFake(t *testing.T, c *cpu.Device, name string, sched []backendtest.Step, seed uint64, opt Options) ([]float32, []fakeCall) {
+	t.Helper()
+	k, ok := backendtest.CaseNamed(name)
+	if !ok {
+		t.Fatalf("no %s case in backendtest.Cases", name)
+	}
+	want, err := backendtest.Run(c, k, sched, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFake(t, opt.Seqs)
+	f.numeric, f.decoded = true, map[string][]float32{}
+	got, err := backendtest.Run(fakeOpen(f, opt), k, sched, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
+		t.Errorf("%s (%+v): NMSE %.3g against the CPU", name, opt, e)
+	}
+	return got, f.calls
+}
+
 // TestDecodeStepsFoldRope checks that with Options.RopeFold decode steps
 // (each row a sequence of its own) rotate and append inside the attention
 // launch (attn_rope_tiles: no rope_qk_append), that prefill chunks keep
 // rope_qk_append, and that the logits equal the default's (apart) bit for
-// bit and the CPU's (q/k
-// norms with zero-centred weights, partial rotary with the gate, f32 and
-// f16 caches, three sequences decoded together).
+// bit and the CPU's (q/k norms with zero-centred weights, partial rotary
+// with the gate, f32 and f16 caches, three sequences decoded together).
 func TestDecodeStepsFoldRope(t *testing.T) {
 	c := cpu.New(1)
 	defer c.Close()
 	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{2, 1}}, {{0, 1}, {1, 1}, {2, 1}}, {{1, 1}, {0, 1}}, {{2, 1}}, {{0, 2}}}
 	for _, name := range []string{"attention/q4tp/qknorm_oneplus", "attention/q8_row/gated_partial", "attention/f32/partial"} {
-		k, ok := backendtest.CaseNamed(name)
-		if !ok {
-			t.Fatalf("no %s case in backendtest.Cases", name)
-		}
-		want, err := backendtest.Run(c, k, sched, 7)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var logits [2][]float32
 		for i, apart := range []bool{false, true} {
-			f := newFake(t, 3)
-			f.numeric, f.decoded = true, map[string][]float32{}
-			d := fakeOpen(f, Options{Seqs: 3, Ctx: 128, MaxRows: 16, KVF16: true, RopeFold: !apart})
-			got, err := backendtest.Run(d, k, sched, 7)
-			if err != nil {
-				t.Fatal(err)
-			}
+			got, calls := numericOnFake(t, c, name, sched, 7, Options{Seqs: 3, Ctx: 128, MaxRows: 16, KVF16: true, RopeFold: !apart})
 			logits[i] = got
-			if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
-				t.Errorf("%s (RopeFold %v): NMSE %.3g against the CPU", name, !apart, e)
-			}
 			ran := map[string]int{}
-			for _, call := range f.calls {
+			for _, call := range calls {
 				if strings.HasPrefix(call.name, "attn_") || strings.HasPrefix(call.name, "rope_") {
 					ran[strings.TrimSuffix(call.name, "_h")]++
 				}
@@ -1886,26 +1894,9 @@ func TestDecodeStepsFuseConv(t *testing.T) {
 	defer c.Close()
 	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{0, 1}, {1, 1}}, {{1, 1}}, {{0, 2}}, {{1, 1}, {0, 1}}}
 	for _, name := range []string{"deltanet/q4tp/split", "deltanet/f32/grouped"} {
-		k, ok := backendtest.CaseNamed(name)
-		if !ok {
-			t.Fatalf("no %s case in backendtest.Cases", name)
-		}
-		want, err := backendtest.Run(c, k, sched, 9)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f := newFake(t, 2)
-		f.numeric, f.decoded = true, map[string][]float32{}
-		d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16})
-		got, err := backendtest.Run(d, k, sched, 9)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
-			t.Errorf("%s: NMSE %.3g against the CPU", name, e)
-		}
+		_, calls := numericOnFake(t, c, name, sched, 9, Options{Seqs: 2, Ctx: 128, MaxRows: 16})
 		ran := map[string]int{}
-		for _, call := range f.calls {
+		for _, call := range calls {
 			if strings.HasPrefix(call.name, "dn_conv") {
 				ran[call.name]++
 			}
@@ -1928,29 +1919,12 @@ func TestSharedBranchOnFake(t *testing.T) {
 	defer c.Close()
 	sched := []backendtest.Step{{{0, 5}}, {{1, 3}}, {{0, 1}, {1, 1}}, {{1, 1}, {0, 1}}, {{0, 1}, {1, 1}}, {{0, 2}}}
 	for _, name := range []string{"moe/q4tp/shared_norenorm", "moe/q8_row/shared_norenorm"} {
-		k, ok := backendtest.CaseNamed(name)
-		if !ok {
-			t.Fatalf("no %s case in backendtest.Cases", name)
-		}
-		want, err := backendtest.Run(c, k, sched, 11)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var logits [2][]float32
 		for i, branch := range []bool{false, true} {
-			f := newFake(t, 2)
-			f.numeric, f.decoded = true, map[string][]float32{}
-			d := fakeOpen(f, Options{Seqs: 2, Ctx: 128, MaxRows: 16, Graphs: true, NoBranch: !branch})
-			got, err := backendtest.Run(d, k, sched, 11)
-			if err != nil {
-				t.Fatal(err)
-			}
+			got, calls := numericOnFake(t, c, name, sched, 11, Options{Seqs: 2, Ctx: 128, MaxRows: 16, Graphs: true, NoBranch: !branch})
 			logits[i] = got
-			if e := backendtest.NMSE(got, want); e > 1e-4 || e != e {
-				t.Errorf("%s (Branch %v): NMSE %.3g against the CPU", name, branch, e)
-			}
 			side, routers := 0, 0
-			for _, call := range f.calls {
+			for _, call := range calls {
 				if call.name == "moe_router_f32" {
 					routers++ // one a fused (decode) MoE step
 				}

@@ -119,8 +119,7 @@ func (st *state) MoE(w *backend.MoE) {
 			// projection's prologue (the dense MLP's fusion): 2 launches, not 4.
 			st.mq(sgm.dt, kern.MQ{W: [3]driver.DevicePtr{sgm.p, sum.p}, Rows: [3]int{sI, sI}, Cols: H, X: xb, Ldx: H,
 				Y: sgu, Ldy: 2 * sI, Pro: kern.ProPlain}, R)
-			st.mq(sdm.dt, kern.MQ{W: [3]driver.DevicePtr{sdm.p}, Rows: [3]int{sdm.rows}, Cols: sI, X: sgu, Ldx: 2 * sI, XOff: sI,
-				Y: ys, Ldy: H, Pro: kern.ProSilu}, R)
+			st.sharedDown(sdm, sgu, sI, ys, H, R)
 		} else {
 			st.mv(sgm, xb, H, sgu, 2*sI, 0, false, R)
 			st.mv(sum, xb, H, sgu.Add(int64(4*sI)), 2*sI, 0, false, R)
@@ -314,10 +313,16 @@ func (st *state) sharedBranch(w *backend.MoE, x driver.DevicePtr, R, H int) func
 	ys := st.buf("moe_ys", int64(M)*int64(H)*4)
 	st.fork()
 	st.mvNorm([]backend.Mat{sgm, sum}, []driver.DevicePtr{0, 0}, x, H, sgu, 2*sI, &w.Norm, R)
-	st.mq(sdm.dt, kern.MQ{W: [3]driver.DevicePtr{sdm.p}, Rows: [3]int{sdm.rows}, Cols: sI, X: sgu, Ldx: 2 * sI, XOff: sI,
-		Y: ys, Ldy: H, Pro: kern.ProSilu}, R)
+	st.sharedDown(sdm, sgu, sI, ys, H, R)
 	st.unfork()
 	return st.join
+}
+
+// sharedDown queues the shared expert's fused down projection of a decode
+// step: SwiGLU of the gate|up rows sgu (2·sI wide) in its prologue, into ys.
+func (st *state) sharedDown(sdm *mat, sgu driver.DevicePtr, sI int, ys driver.DevicePtr, H, R int) {
+	st.mq(sdm.dt, kern.MQ{W: [3]driver.DevicePtr{sdm.p}, Rows: [3]int{sdm.rows}, Cols: sI, X: sgu, Ldx: 2 * sI, XOff: sI,
+		Y: ys, Ldy: H, Pro: kern.ProSilu}, R)
 }
 
 // moeLaunch queues mv_moe_<fam> over nslot slots of nmat rowsE×cols

@@ -37,17 +37,9 @@ func TestEmuDeltaNet(t *testing.T) {
 	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {1, 2, 128, 128}, {2, 4, 40, 24}} {
 		for _, grouped := range []bool{false, true} {
 			r := rng(41 + shape.dk)
-			k := kern.DeltaNet{KeyHeads: shape.nk, ValueHeads: shape.nv, KeyDim: shape.dk, ValueDim: shape.dv, ConvKernel: 4, Grouped: grouped, Eps: 1e-6}
+			k, convW, aLog, dtBias, normW := dnLayer(&r, shape.nk, shape.nv, shape.dk, shape.dv, grouped)
 			_, vd, cd := k.Dims()
 			pw, stride := k.ProjWidth(), k.StateFloats()
-			convW, aLog, dtBias := r.vec(cd*4, 0.3), r.vec(k.ValueHeads, 0.5), r.vec(k.ValueHeads, 0.5)
-			normW := r.vec(k.ValueDim, 0.1)
-			for i := range aLog {
-				aLog[i] -= 1.5
-			}
-			for i := range normW {
-				normW[i]++
-			}
 			pool := r.vec(seqs*stride, 0.2)
 			ref := append([]float32(nil), pool...)
 			for si, slots := range steps {

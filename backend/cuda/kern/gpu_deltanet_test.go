@@ -99,6 +99,24 @@ func dnClose(t *testing.T, what string, got, want []float32, rel float64) {
 	}
 }
 
+// dnLayer is a DeltaNet layer's geometry (conv kernel 4, strides the
+// rows' widths) and random host parameters: the conv weights, A_log
+// (shifted down by 1.5), dt_bias and the gated norm's weight (around 1).
+func dnLayer(r *rng, nk, nv, dk, dv int, grouped bool) (k kern.DeltaNet, convW, aLog, dtBias, normW []float32) {
+	k = kern.DeltaNet{KeyHeads: nk, ValueHeads: nv, KeyDim: dk, ValueDim: dv, ConvKernel: 4, Grouped: grouped, Eps: 1e-6}
+	_, vd, cd := k.Dims()
+	k.Ldp, k.Ldc, k.Ldo = k.ProjWidth(), cd, vd
+	convW, aLog, dtBias = r.vec(cd*k.ConvKernel, 0.3), r.vec(nv, 0.5), r.vec(nv, 0.5)
+	normW = r.vec(dv, 0.1)
+	for i := range aLog {
+		aLog[i] -= 1.5
+	}
+	for i := range normW {
+		normW[i]++
+	}
+	return k, convW, aLog, dtBias, normW
+}
+
 // TestGPUDeltaNet: dn_conv, dn_conv_state and dn_rule over steps that mix
 // sequences (prefill runs shorter and longer than the conv window, decode
 // rows, slots out of order) on a pool with a non-zero carried state match
@@ -119,19 +137,9 @@ func TestGPUDeltaNet(t *testing.T) {
 		for _, grouped := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%d×%d_%d×%d_grouped=%v", shape.nk, shape.dk, shape.nv, shape.dv, grouped), func(t *testing.T) {
 				r := rng(41 + shape.dk)
-				k := kern.DeltaNet{KeyHeads: shape.nk, ValueHeads: shape.nv, KeyDim: shape.dk, ValueDim: shape.dv, ConvKernel: 4,
-					Grouped: grouped, Eps: 1e-6}
+				k, convW, aLog, dtBias, normW := dnLayer(&r, shape.nk, shape.nv, shape.dk, shape.dv, grouped)
 				_, vd, cd := k.Dims()
 				pw, stride := k.ProjWidth(), k.StateFloats()
-				k.Ldp, k.Ldc, k.Ldo = pw, cd, vd
-				convW, aLog, dtBias := r.vec(cd*k.ConvKernel, 0.3), r.vec(k.ValueHeads, 0.5), r.vec(k.ValueHeads, 0.5)
-				normW := r.vec(k.ValueDim, 0.1)
-				for i := range aLog {
-					aLog[i] -= 1.5
-				}
-				for i := range normW {
-					normW[i]++
-				}
 				pool := r.vec(seqs*stride, 0.2) // a carried state in every slot
 				pool2 := append([]float32(nil), pool...)
 				k.ConvW, k.ALog, k.Dt, k.NormW, k.State = g.f32(convW), g.f32(aLog), g.f32(dtBias), g.f32(normW), g.f32(pool)
@@ -169,16 +177,10 @@ func TestGPUDeltaNetStep(t *testing.T) {
 	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {2, 4, 128, 128}} {
 		for _, grouped := range []bool{false, true} {
 			r := rng(43 + shape.dk)
-			k := kern.DeltaNet{KeyHeads: shape.nk, ValueHeads: shape.nv, KeyDim: shape.dk, ValueDim: shape.dv, ConvKernel: 4,
-				Grouped: grouped, Eps: 1e-6}
+			k, convW, aLog, dtBias, normW := dnLayer(&r, shape.nk, shape.nv, shape.dk, shape.dv, grouped)
 			_, vd, cd := k.Dims()
 			pw, stride := k.ProjWidth(), k.StateFloats()
-			k.Ldp, k.Ldc, k.Ldo = pw, cd, vd
-			aLog := r.vec(k.ValueHeads, 0.5)
-			for i := range aLog {
-				aLog[i] -= 1.5
-			}
-			k.ConvW, k.ALog, k.Dt, k.NormW = g.f32(r.vec(cd*k.ConvKernel, 0.3)), g.f32(aLog), g.f32(r.vec(k.ValueHeads, 0.5)), g.f32(r.vec(k.ValueDim, 1))
+			k.ConvW, k.ALog, k.Dt, k.NormW = g.f32(convW), g.f32(aLog), g.f32(dtBias), g.f32(normW)
 			pool := r.vec(seqs*stride, 0.2)
 			pa, pb := g.f32(pool), g.f32(pool)
 			for si, slots := range steps {
