@@ -588,17 +588,21 @@ qp2:
 qload:
 	VMOVUPS.Z (SI), K1, Z0
 	VMOVUPS.Z 64(SI), K2, Z1
+	// absmax as the int32 max of the bits of |x|: the float order for
+	// non-negative values, and a NaN (above +Inf) wins as in Go's max
+	// (VMAXPS would drop a NaN of its first operand); VUCOMISS below
+	// then sends a NaN block to qzero.
 	VANDPS    Z31, Z0, Z2
 	VANDPS    Z31, Z1, Z3
-	VMAXPS    Z3, Z2, Z2
+	VPMAXSD   Z3, Z2, Z2
 	VEXTRACTF32X8 $1, Z2, Y3
-	VMAXPS    Y3, Y2, Y2
+	VPMAXSD   Y3, Y2, Y2
 	VEXTRACTF128 $1, Y2, X3
-	VMAXPS    X3, X2, X2
+	VPMAXSD   X3, X2, X2
 	VPERMILPS $0x4e, X2, X3
-	VMAXPS    X3, X2, X2
+	VPMAXSD   X3, X2, X2
 	VPERMILPS $0xb1, X2, X3
-	VMAXPS    X3, X2, X2
+	VPMAXSD   X3, X2, X2
 
 	// Output addresses: plain blocks at 32·b; q4tp chunks at 128·(b/4),
 	// even values at +16·(b%4), odd ones 64 bytes further.
@@ -641,8 +645,10 @@ qaddr:
 	VMOVSS       X4, (R9)(BX*4)
 	TESTQ        R11, R11
 	JNZ          qnib
-	VPMOVSDB     Z0, X8
-	VPMOVSDB     Z1, X9
+	// int8(q) is q's low byte: truncate (a NaN product of an infinite
+	// block's infinities is 0x80000000, which Go stores as 0).
+	VPMOVDB      Z0, X8
+	VPMOVDB      Z1, X9
 	VMOVDQU      X8, (DI)(R13*1)
 	VMOVDQU      X9, 16(DI)(R13*1)
 	JMP          qnext
@@ -652,8 +658,8 @@ qnib:
 	VPERMI2D  Z1, Z0, Z8
 	VMOVDQA64 Z27, Z9
 	VPERMI2D  Z1, Z0, Z9
-	VPMOVSDB  Z8, X8
-	VPMOVSDB  Z9, X9
+	VPMOVDB   Z8, X8
+	VPMOVDB   Z9, X9
 	VMOVDQU   X8, (DI)(R13*1)
 	VMOVDQU   X9, 64(DI)(R13*1)
 	JMP       qnext

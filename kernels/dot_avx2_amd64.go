@@ -9,8 +9,8 @@ import (
 )
 
 // AVX2 kernels (dot_avx2_amd64.s): whole blocks only; the wrappers here
-// add the last columns in plain Go. The activation quantizer is the Go
-// reference.
+// add the last columns in plain Go. The activation quantizer is
+// quantizeAVX2, which gives quantizeRowGo's bytes.
 
 // q8Dot4AVX2 is q8Dot4AVX512 over the first 32·blocks columns, with the
 // sign trick (|w| times x carrying w's sign) instead of a bias.
@@ -32,7 +32,16 @@ func f16Dot4AVX2(w *uint16, stride, n int, x *float32, out *[4]float32)
 //go:noescape
 func bf16Dot4AVX2(w *uint16, stride, n int, x *float32, out *[4]float32)
 
+// quantizeAVX2 is quantizeAVX512 on AVX2: quantizeRowGo for n values
+// (qNib when nib) with bias shift shift, the same bytes for every input.
+// It writes only the blocks, and of a last partial qPlain block only its
+// n%32 values.
+//
+//go:noescape
+func quantizeAVX2(x *float32, n int, q *byte, d *float32, s *int32, shift int, nib bool)
+
 func installAVX2() {
+	quantizeRow = quantizeRowAVX2
 	dot4f = dot4AVX2
 	for _, d := range []quant.DType{quant.Q8Row, quant.Q82F} {
 		kernelTable[d].qx, kernelTable[d].qrows = qPlain, q8RowsAVX2
@@ -41,6 +50,21 @@ func installAVX2() {
 	kernelTable[quant.F32].dot, kernelTable[quant.F32].dot4 = dotF32AVX2, dot4F32AVX2
 	kernelTable[quant.F16].dot, kernelTable[quant.F16].dot4 = dotF16AVX2, dot4F16AVX2
 	kernelTable[quant.BF16].dot, kernelTable[quant.BF16].dot4 = dotBF16AVX2, dot4BF16AVX2
+}
+
+func quantizeRowAVX2(x []float32, v qvec, l qlayout) {
+	n := len(x)
+	if n == 0 {
+		return
+	}
+	nb := (n + qblock - 1) / qblock
+	last := n - 1 // the last q byte written
+	if l == qNib {
+		b := nb - 1
+		last = b/4*128 + 64 + b%4*16 + 15
+	}
+	_, _, _ = v.q[last], v.d[nb-1], v.s[nb-1]
+	quantizeAVX2(&x[0], n, &v.q[0], &v.d[0], &v.s[0], int(l.biasShift()), l == qNib)
 }
 
 // q8Tail returns Σ w[i]·q[i]·d over the columns past the last whole block.

@@ -118,7 +118,7 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 		qkvz, ba := s.proj[:T*(2*kd+2*vd)], s.proj[T*(2*kd+2*vd):]
 		s.see(x, T, g.QKVZ, g.BA)
 		if T == 1 {
-			s.jobs = append(s.jobs[:0], MatVecJob{g.QKVZ, x, qkvz}, MatVecJob{g.BA, x, ba})
+			s.jobs = append(s.jobs[:0], MatVecJob{M: g.QKVZ, X: x, Y: qkvz}, MatVecJob{M: g.BA, X: x, Y: ba})
 			p.MatVecs(s.jobs)
 		} else {
 			p.MatMul(g.QKVZ, x, T, qkvz)
@@ -140,7 +140,7 @@ func (g *GDN) Forward(p *Pool, x []float32, T, dim int, out []float32, st *GDNSt
 	} else {
 		s.see(x, T, g.QKV, g.Z, g.B, g.A)
 		if T == 1 {
-			s.jobs = append(s.jobs[:0], MatVecJob{g.QKV, x, s.mixed}, MatVecJob{g.Z, x, s.z}, MatVecJob{g.B, x, s.b}, MatVecJob{g.A, x, s.a})
+			s.jobs = append(s.jobs[:0], MatVecJob{M: g.QKV, X: x, Y: s.mixed}, MatVecJob{M: g.Z, X: x, Y: s.z}, MatVecJob{M: g.B, X: x, Y: s.b}, MatVecJob{M: g.A, X: x, Y: s.a})
 			p.MatVecs(s.jobs)
 		} else {
 			p.MatMul(g.QKV, x, T, s.mixed)

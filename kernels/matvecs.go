@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -9,6 +10,12 @@ import (
 type MatVecJob struct {
 	M    *Mat
 	X, Y []float32 // len(X) ≥ M.Cols, len(Y) ≥ M.Rows
+	// Up, when set (len ≥ M.Cols), makes the input SiLU(X)⊙Up, written
+	// into X by the first worker to reach the job, inside the operation:
+	// a MoE expert's down product takes its SwiGLU without a serial step
+	// on the caller before the operation (SiLUMul's values, then the
+	// activation quantization of every other job).
+	Up []float32
 }
 
 // MatVecs computes several independent matrix-vector products as one
@@ -28,6 +35,7 @@ func (p *Pool) MatVecs(jobs []MatVecJob) {
 	t.x = growSlice(t.x, n)
 	t.qv = growSlice(t.qv, n)
 	t.start = growSlice(t.start, n+1)
+	t.ready = growSlice(t.ready, n)
 	if len(t.qb) < n {
 		t.qb = append(t.qb, make([]qbatch, n-len(t.qb))...)
 	}
@@ -38,32 +46,14 @@ func (p *Pool) MatVecs(jobs []MatVecJob) {
 	for i, j := range jobs {
 		k := mustPrepare(j.M)
 		m := j.M
-		if len(j.X) < m.Cols || len(j.Y) < m.Rows {
-			panic(fmt.Sprintf("kernels: MatVecs job %d: %d×%d with len(x)=%d, len(y)=%d", i, m.Rows, m.Cols, len(j.X), len(j.Y)))
+		if len(j.X) < m.Cols || len(j.Y) < m.Rows || (j.Up != nil && len(j.Up) < m.Cols) {
+			panic(fmt.Sprintf("kernels: MatVecs job %d: %d×%d with len(x)=%d, len(y)=%d, len(up)=%d", i, m.Rows, m.Cols, len(j.X), len(j.Y), len(j.Up)))
 		}
-		x := j.X[:m.Cols]
-		if m.col != nil {
-			xc := growSlice(t.xc[i], m.Cols)
-			t.xc[i] = xc
-			for c, v := range m.col {
-				xc[c] = x[c] * v
-			}
-			x = xc
-		}
-		t.k[i], t.x[i] = k, x
-		if k.qx != qNone {
-			shared := false
-			for prev := range i {
-				if t.k[prev].qx == k.qx && sameSlice(t.x[prev], x) {
-					t.qv[i], shared = t.qv[prev], true
-					break
-				}
-			}
-			if !shared {
-				t.qb[i].reset(k.qx, m.Cols, 1)
-				t.qb[i].quantize(x)
-				t.qv[i] = t.qb[i].pos(0)
-			}
+		t.k[i] = k
+		t.ready[i].Store(0)
+		if j.Up == nil {
+			t.input(i, true)
+			t.ready[i].Store(2)
 		}
 		t.start[i] = total
 		total += (m.Rows + 3) / 4
@@ -72,6 +62,60 @@ func (p *Pool) MatVecs(jobs []MatVecJob) {
 	t.start[n] = total
 	p.run(total, 1, work, t)
 	t.jobs = nil
+}
+
+// input readies job i's input: SiLU(X)⊙Up first for a job with Up,
+// then X times the column field (q8_2f) and the quantized activations,
+// shared with an earlier job of the same input slice and layout when
+// share is set (never with a job with Up: its input is written later).
+func (t *matvecsTask) input(i int, share bool) {
+	j, k := t.jobs[i], t.k[i]
+	m := j.M
+	x := j.X[:m.Cols]
+	if j.Up != nil {
+		SiLUMul(x, j.Up[:m.Cols])
+	}
+	if m.col != nil {
+		xc := growSlice(t.xc[i], m.Cols)
+		t.xc[i] = xc
+		for c, v := range m.col {
+			xc[c] = x[c] * v
+		}
+		x = xc
+	}
+	t.x[i] = x
+	if k.qx == qNone {
+		return
+	}
+	if share {
+		for prev := range i {
+			if t.jobs[prev].Up == nil && t.k[prev].qx == k.qx && sameSlice(t.x[prev], x) {
+				t.qv[i] = t.qv[prev]
+				return
+			}
+		}
+	}
+	t.qb[i].reset(k.qx, m.Cols, 1)
+	t.qb[i].quantize(x)
+	t.qv[i] = t.qb[i].pos(0)
+}
+
+// await returns once job i's input is ready: the first worker to reach a
+// job with Up computes it, later ones spin until it has (the one
+// computing it is inside the operation, so it finishes).
+func (t *matvecsTask) await(i int) {
+	r := &t.ready[i]
+	if r.Load() == 2 {
+		return
+	}
+	if r.CompareAndSwap(0, 1) {
+		t.input(i, false)
+		r.Store(2)
+		return
+	}
+	for r.Load() != 2 {
+		spinPause()
+	}
 }
 
 func sameSlice(a, b []float32) bool {
@@ -95,6 +139,7 @@ type matvecsTask struct {
 	start []int // per job: its first block; start[len(jobs)] = all blocks
 	qb    []qbatch
 	xc    [][]float32
+	ready []atomic.Int32 // per job: 0 input not ready, 1 being readied, 2 ready
 }
 
 func (t *matvecsTask) Run(lo, hi, _ int) {
@@ -104,6 +149,7 @@ func (t *matvecsTask) Run(lo, hi, _ int) {
 	}
 	for b := lo; b < hi; i++ {
 		e := min(hi, t.start[i+1])
+		t.await(i)
 		m, k, y := t.jobs[i].M, t.k[i], t.jobs[i].Y
 		r0, r1 := 4*(b-t.start[i]), min(4*(e-t.start[i]), m.Rows)
 		b = e

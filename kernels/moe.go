@@ -215,21 +215,26 @@ func (s *MoEScratch) decode(p *Pool, m *MoE, x, out []float32) {
 	s.sg = grow(s.sg, 1)
 	jobs := s.jobs[:0]
 	for j, e := range ex {
-		jobs = append(jobs, MatVecJob{e.Gate, x, s.g[j*I:]}, MatVecJob{e.Up, x, s.u[j*I:]})
+		jobs = append(jobs, MatVecJob{M: e.Gate, X: x, Y: s.g[j*I:]}, MatVecJob{M: e.Up, X: x, Y: s.u[j*I:]})
 		s.see(e.Gate, x, 1)
 		s.see(e.Up, x, 1)
 	}
 	if m.Shared != nil {
-		jobs = append(jobs, MatVecJob{m.SharedGate, x, s.sg})
+		jobs = append(jobs, MatVecJob{M: m.SharedGate, X: x, Y: s.sg})
 		s.see(m.SharedGate, x, 1)
 	}
 	p.MatVecs(jobs)
 	jobs = jobs[:0]
 	for j, e := range ex {
 		Ie := e.Gate.Rows
-		SiLUMul(s.g[j*I:j*I+Ie], s.u[j*I:j*I+Ie])
-		jobs = append(jobs, MatVecJob{e.Down, s.g[j*I : j*I+Ie], s.y[j*dim:]})
-		s.see(e.Down, s.g[j*I:], 1)
+		g, u := s.g[j*I:j*I+Ie], s.u[j*I:j*I+Ie]
+		if s.Observe == nil { // the SwiGLU inside the operation, by the workers
+			jobs = append(jobs, MatVecJob{M: e.Down, X: g, Y: s.y[j*dim:], Up: u})
+			continue
+		}
+		SiLUMul(g, u)
+		jobs = append(jobs, MatVecJob{M: e.Down, X: g, Y: s.y[j*dim:]})
+		s.see(e.Down, g, 1)
 	}
 	p.MatVecs(jobs)
 	s.jobs, s.ex = jobs[:0], ex[:0]

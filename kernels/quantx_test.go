@@ -621,6 +621,112 @@ func FuzzIntKernels(f *testing.F) {
 	})
 }
 
+// quantSpecials are the float32 bit patterns FuzzQuantizeRow mixes in:
+// NaNs, infinities, ±0, denormals, the extremes, the zero-block threshold
+// 0x1p-120 and the value just below it, ±127 and ties.
+var quantSpecials = []uint32{
+	0x7fc00000, 0xffc00001, 0x7f800001, 0x7f800000, 0xff800000, 0x80000000, 0,
+	1, 0x807fffff, 0x7f7fffff, 0xff7fffff, 0x03800000, 0x037fffff, 0x83800000,
+	0x42fe0000, 0xc2fe0000, 0x3f000000, 0xbfc00000, 0x40200000,
+}
+
+// fuzzQuantInput builds a quantizer input of n values from data, in one
+// of four modes: raw bit patterns (any float32, NaN and denormals
+// included), values of sign and mantissa from data in a few binades,
+// small multiples of a power of two (exact values and ties), and the
+// latter with specials mixed in.
+func fuzzQuantInput(data []byte, n int, mode uint8) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		var w uint32
+		for j := range 4 {
+			k := 4*i + j
+			w |= uint32(data[k%len(data)]^byte(k/len(data))) << (8 * j)
+		}
+		switch mode % 4 {
+		case 0:
+			x[i] = math.Float32frombits(w)
+		case 1:
+			e := 120 + (w>>23)%16
+			x[i] = math.Float32frombits(w&0x807fffff | e<<23)
+		case 2:
+			x[i] = float32(int8(w)) * float32(math.Ldexp(1, int(mode>>2)%64-40))
+		default:
+			if w>>24 < 24 {
+				x[i] = math.Float32frombits(quantSpecials[int(w>>8)%len(quantSpecials)])
+			} else {
+				x[i] = float32(int8(w)) * float32(math.Ldexp(1, int(mode>>2)%64-40))
+			}
+		}
+	}
+	return x
+}
+
+// FuzzQuantizeRow compares the activation quantizer of every SIMD level
+// with quantizeRowGo byte for byte, on arbitrary float32 inputs (NaN,
+// infinities, denormals, huge values) of any length and alignment, in
+// both layouts (qNib for whole blocks): the q bytes, scales and biases,
+// and that nothing past the blocks is written. In the last partial
+// qPlain block the positions past the input may be left alone (as
+// quantizeRowGo does) or zeroed.
+func FuzzQuantizeRow(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 250, 0x80, 0x7f, 9, 0x3c}, uint16(37), uint8(0))
+	f.Add([]byte("activations of a mixture of experts"), uint16(64), uint8(1))
+	f.Add([]byte{0x10, 0xff, 0x02, 0x81}, uint16(100), uint8(2))
+	f.Add([]byte{0x10, 0xff, 0x02, 0x81, 7, 8, 9, 0x20}, uint16(95), uint8(0x9e))
+	f.Add([]byte{0, 0, 0xc0, 0x7f, 0, 0, 0x80, 0x7f}, uint16(32), uint8(0))
+	f.Add([]byte{0, 0, 0x80, 0x7f, 0, 0, 0x80, 0x3f}, uint16(256), uint8(0))
+	f.Add([]byte{5, 0, 0, 0x10}, uint16(31), uint8(0x23))
+	if testBest == isaGeneric {
+		f.Skip("this CPU runs only the generic kernels: no SIMD quantizer to compare with the reference")
+	}
+	f.Fuzz(func(t *testing.T, data []byte, length uint16, mode uint8) {
+		if len(data) == 0 {
+			return
+		}
+		n := int(length) % 601
+		off := int(mode>>4) % 4 // unaligned starts
+		x := append(make([]float32, off), fuzzQuantInput(data, n, mode)...)[off:]
+		nb := (n + qblock - 1) / qblock
+		for _, lay := range []qlayout{qPlain, qNib} {
+			if lay == qNib && n%qblock != 0 {
+				continue
+			}
+			alloc := func() qvec {
+				v := qvec{q: make([]byte, (nb*qblock+qpad-1)/qpad*qpad+qpad), d: make([]float32, nb+16), s: make([]int32, nb+16)}
+				fill(v.q, 0xAA)
+				for i := range v.d {
+					v.d[i], v.s[i] = math.Float32frombits(0x7fc0dead), 0x5a5a5a5a
+				}
+				return v
+			}
+			want := alloc()
+			quantizeRowGo(x, want, lay)
+			for _, l := range isaLevels()[1:] {
+				got := alloc()
+				withISA(t, l, func() { quantizeRow(x, got, lay) })
+				for i := range want.d {
+					if math.Float32bits(got.d[i]) != math.Float32bits(want.d[i]) || got.s[i] != want.s[i] {
+						t.Fatalf("%s layout %d n=%d block %d (x %v): d %g s %d, reference d %g s %d",
+							l, lay, n, i, x[min(n, 32*i):min(n, 32*i+32)], got.d[i], got.s[i], want.d[i], want.s[i])
+					}
+				}
+				for i := range want.q {
+					if got.q[i] == want.q[i] || lay == qPlain && i >= n && i < nb*qblock && got.q[i] == 0 {
+						continue
+					}
+					b := i / qblock // the block byte i belongs to
+					if lay == qNib {
+						b = i/128*4 + i%64/16
+					}
+					t.Fatalf("%s layout %d n=%d: q[%d] = %#x, reference %#x (x of block %d: %v)",
+						l, lay, n, i, got.q[i], want.q[i], b, x[min(n, b*qblock):min(n, b*qblock+qblock)])
+				}
+			}
+		}
+	})
+}
+
 // TestIntMatMulMatchesReference runs every int8 MatMul kernel of this
 // build (on amd64 the transposed small-batch one and the chunked one) for
 // each int8 format at batch sizes around their thresholds, on rows of
