@@ -52,6 +52,11 @@ func (k DeltaNet) StateFloats() int {
 	return (k.ConvKernel-1)*cd + k.ValueHeads*k.KeyDim*k.ValueDim
 }
 
+// dnMaxValueDim bounds a value head: dn_rule's block of at most 512
+// threads (its __launch_bounds__: up to 128 registers a thread, the rows
+// of S it keeps in registers).
+const dnMaxValueDim = 512
+
 // DNRuleThreads is dn_rule's block: P groups of dv rounded up to a warp,
 // P = clamp(512/dvp, 1, 8) (each group takes every P-th row of S).
 func DNRuleThreads(dv int) int {
@@ -93,8 +98,8 @@ func (k DeltaNet) Check() error {
 		return fmt.Errorf("kern: deltanet %d key heads × %d, %d value heads × %d, conv %d", k.KeyHeads, k.KeyDim, k.ValueHeads, k.ValueDim, k.ConvKernel)
 	}
 	_, vd, cd := k.Dims()
-	if k.ValueDim > 1024 || DNRuleShared(k.KeyDim, k.ValueDim) > dnMaxShared {
-		return fmt.Errorf("kern: deltanet heads of %d×%d exceed dn_rule's block (≤1024 values, %d bytes of shared memory)", k.KeyDim, k.ValueDim, dnMaxShared)
+	if k.ValueDim > dnMaxValueDim || DNRuleShared(k.KeyDim, k.ValueDim) > dnMaxShared {
+		return fmt.Errorf("kern: deltanet heads of %d×%d exceed dn_rule's block (≤%d values, %d bytes of shared memory)", k.KeyDim, k.ValueDim, dnMaxValueDim, dnMaxShared)
 	}
 	if k.Ldp < k.ProjWidth() || k.Ldc < cd || k.Ldo < vd {
 		return fmt.Errorf("kern: deltanet strides %d/%d/%d for widths %d/%d/%d", k.Ldp, k.Ldc, k.Ldo, k.ProjWidth(), cd, vd)

@@ -16,10 +16,11 @@ import (
 // scripts/emu-deltanet builds with emu/common.cuh's thread-per-CUDA-thread
 // emulation, named by CORTIQ_EMU_DELTANET; skipped without it) over steps
 // that mix sequences, and compares each step's conv output, block output
-// and state pool with dnReference (the CPU kernels), at three head shapes
+// and state pool with dnReference (the CPU kernels), at four head shapes
 // (the parity suite's; dk = dv = 128; dk = 40, dv = 24: rows not a
-// multiple of the thread groups, a partial warp of columns) and both
-// projection layouts.
+// multiple of the thread groups, a partial warp of columns; dk = 160, dv =
+// 128: more rows a thread than dn_rule keeps in registers, its shared-
+// memory path) and both projection layouts.
 func TestEmuDeltaNet(t *testing.T) {
 	bin := os.Getenv("CORTIQ_EMU_DELTANET")
 	if bin == "" {
@@ -34,7 +35,7 @@ func TestEmuDeltaNet(t *testing.T) {
 		{2, 0, 1, 3},
 	}
 	const seqs = 4
-	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {1, 2, 128, 128}, {2, 4, 40, 24}} {
+	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {1, 2, 128, 128}, {2, 4, 40, 24}, {1, 1, 160, 128}} {
 		for _, grouped := range []bool{false, true} {
 			r := rng(41 + shape.dk)
 			k, convW, aLog, dtBias, normW := dnLayer(&r, shape.nk, shape.nv, shape.dk, shape.dv, grouped)

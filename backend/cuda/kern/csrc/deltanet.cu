@@ -119,14 +119,18 @@ __device__ __forceinline__ double dn_softplus(double x) { return x > 20.0 ? x : 
 //   S = e^g·S;  δ = β·(v − Sᵀk);  S = S + k⊗δ;  o = Sᵀq
 //   out[r][h·dv + j] = nw[j]·(o_j·rms⁻¹(o)) · silu(z_j)   (eps: RMSNorm's)
 // The block is P groups of dvp = ⌈dv/32⌉·32 threads: thread (p, j) owns the
-// rows i ≡ p (mod P) of column j of S (no synchronisation on S); Sᵀk and
+// rows i ≡ p (mod P) of column j of S (no synchronisation on S), held in
+// its registers when they are at most DN_REG (dk ≤ DN_REG·P: all of its
+// loads in flight at once, where a copy through shared memory waited on a
+// round trip per few elements), else in shared memory; Sᵀk and
 // Sᵀq are summed over the groups' partials in group order. A row's inputs
 // (q, k, v, a, b, z) are loaded during the row before (same arithmetic:
 // the chain of rows waits on no global load). Launch: grid
 // (nv, the step's sequences), block DNRuleThreads(dv) (P·dvp, P =
-// clamp(512/dvp, 1, 8)), dynamic shared DNRuleShared: 4·(dk·dv + 2·dk +
-// P·dvp).
-extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
+// clamp(512/dvp, 1, 8); dv ≤ 512), dynamic shared DNRuleShared: 4·(dk·dv +
+// 2·dk + P·dvp).
+#define DN_REG 32
+extern "C" __global__ void __launch_bounds__(512) dn_rule(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
                                    int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
                                    const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
                                    float* __restrict__ state, int stride, int soff, const int* __restrict__ slot,
@@ -160,7 +164,17 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
     ac = cd + vd + nv + h;
   }
   float* gS = state + (size_t)s * stride + soff + (size_t)h * dk * dv;
-  for (int i = tid; i < dk * dv; i += blockDim.x) S[i] = gS[i];
+  const bool reg = dk <= DN_REG * P;  // block-uniform
+  float sr[DN_REG];                   // reg: rows pg + t·P of column j
+  if (reg) {
+#pragma unroll
+    for (int t = 0; t < DN_REG; t++) {
+      const int i = pg + t * P;
+      sr[t] = on && i < dk ? gS[(size_t)i * dv + j] : 0.0f;
+    }
+  } else {
+    for (int i = tid; i < dk * dv; i += blockDim.x) S[i] = gS[i];
+  }
   const double ea = exp((double)alog[h]), bias = (double)dtb[h];
   const float qs = (float)(1.0 / sqrt((double)dk));
   // Each row's inputs from global memory (its q, k element, v_j, a, b,
@@ -220,7 +234,17 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
     const float beta = (float)(1.0 / (1.0 + exp(-(double)pb)));
     const float eg = (float)exp((double)g);
     float u = 0.0f;
-    if (on) {
+    if (on && reg) {
+#pragma unroll
+      for (int t = 0; t < DN_REG; t++) {
+        const int i = pg + t * P;
+        if (i < dk) {
+          const float v = sr[t] * eg;
+          sr[t] = v;
+          u += k[i] * v;
+        }
+      }
+    } else if (on) {
       for (int i = pg; i < dk; i += P) {
         const float v = S[i * dv + j] * eg;
         S[i * dv + j] = v;
@@ -234,7 +258,17 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
     const float d = on ? beta * (vj - u) : 0.0f;
     __syncthreads();  // every partial of Sᵀk is read
     float o = 0.0f;
-    if (on) {
+    if (on && reg) {
+#pragma unroll
+      for (int t = 0; t < DN_REG; t++) {
+        const int i = pg + t * P;
+        if (i < dk) {
+          const float v = sr[t] + k[i] * d;
+          sr[t] = v;
+          o += q[i] * v;
+        }
+      }
+    } else if (on) {
       for (int i = pg; i < dk; i += P) {
         const float v = S[i * dv + j] + k[i] * d;
         S[i * dv + j] = v;
@@ -250,6 +284,14 @@ extern "C" __global__ void dn_rule(const float* __restrict__ conv, int ldc, cons
       const float inv = rms_inv(ss, dv, eps);
       out[(size_t)r * ldo + h * dv + j] = rms_apply(o, inv, nw[j], 0) * (zj / (1.0f + expf(-zj)));
     }
+  }
+  if (reg) {
+#pragma unroll
+    for (int t = 0; t < DN_REG; t++) {
+      const int i = pg + t * P;
+      if (on && i < dk) gS[(size_t)i * dv + j] = sr[t];
+    }
+    return;
   }
   __syncthreads();
   for (int i = tid; i < dk * dv; i += blockDim.x) gS[i] = S[i];

@@ -16,6 +16,7 @@
 #include <vector>
 #include <memory>
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __host__
 #define __forceinline__ inline
