@@ -8,7 +8,7 @@
 // dot_amd64.go add the remaining columns. Prefetching as in dot_amd64.s,
 // PFAHEAD bytes past the four rows being read, but half as far: on the
 // 2-core AVX2 test machine 4 KB ahead read the MoE decode benchmark's
-// experts (matrices of 0.8 MB) ~5% faster than 8 KB (16 KB: ~7% slower)
+// experts (matrices of 0.8 MB) ~5% faster than 8 KB (16 KB: ~6% slower)
 // and left the dense decode benchmark as it was (BenchmarkMoEDecode-
 // BandwidthShare, BenchmarkDecodeBandwidthShare, same-run A/B).
 
