@@ -90,6 +90,13 @@ type Options struct {
 	// settings interleaved in one call: docs/benchmarks.md, stop 28 run 5).
 	// CORTIQ_CUDA_BRANCH=0 sets it.
 	NoBranch bool
+	// NoDeltaChunks runs the Gated DeltaNet rule of prefill steps row by
+	// row (dn_rule, the decode form) instead of in chunks (dn_chunk_prep,
+	// dn_chunk_state, dn_gnorm: the WY form of kernels.DeltaRule.Chunked,
+	// taken when a sequence has at least DeltaChunkMin rows in the step
+	// and the heads fit kern.DeltaNet.ChunkFits). CORTIQ_CUDA_DNCHUNK=0
+	// sets it.
+	NoDeltaChunks bool
 	// CheckEveryStep packs every decode step to compare it with its graph
 	// before replaying it, even when the step and its shape are the last
 	// checked replay's (Batch.Step; for comparisons and tests).
@@ -246,6 +253,9 @@ func Open(opt Options) (*Device, error) {
 	}
 	if os.Getenv("CORTIQ_CUDA_BRANCH") == "0" {
 		opt.NoBranch = true
+	}
+	if os.Getenv("CORTIQ_CUDA_DNCHUNK") == "0" {
+		opt.NoDeltaChunks = true
 	}
 	if os.Getenv("CORTIQ_CUDA_ROPE") == "fold" {
 		opt.RopeFold = true

@@ -1532,6 +1532,8 @@ func (f *fakeGPU) execDN(c *fakeCall) {
 				}
 			}
 		}
+	case "dn_chunk_prep", "dn_chunk_state", "dn_gnorm":
+		f.execDNChunk(c, k, R, slots)
 	case "dn_rule":
 		stride, soff := c.int(14), c.int(15)
 		nk, nv, dk, dv := k.KeyHeads, k.ValueHeads, k.KeyDim, k.ValueDim
@@ -1943,6 +1945,238 @@ func TestSharedBranchOnFake(t *testing.T) {
 		}
 		if e := backendtest.NMSE(logits[1], logits[0]); e > 1e-12 || e != e {
 			t.Errorf("%s: Branch's logits differ from the default's (NMSE %.3g)", name, e)
+		}
+	}
+}
+
+// dnChunks lists a step's chunks as [first row, rows, sequence index]:
+// each sequence's rows from its first in chunks of kern.DNChunk.
+func dnChunks(slots []int) [][3]int {
+	var out [][3]int
+	seq := -1
+	for r0 := 0; r0 < len(slots); {
+		r1 := r0 + 1
+		for r1 < len(slots) && slots[r1] == slots[r0] {
+			r1++
+		}
+		seq++
+		for c := r0; c < r1; c += kern.DNChunk {
+			out = append(out, [3]int{c, min(kern.DNChunk, r1-c), seq})
+		}
+		r0 = r1
+	}
+	return out
+}
+
+// execDNChunk models the chunked rule's kernels (deltanet.cu: dn_chunk_prep
+// fills the scratch X, dn_chunk_state carries S over a sequence's chunks,
+// dn_gnorm applies the gated norm) in float64, X in its documented layout.
+func (f *fakeGPU) execDNChunk(c *fakeCall, k kern.DeltaNet, R int, slots []int) {
+	stride, soff := c.int(14), c.int(15)
+	nk, nv, dk, dv := k.KeyHeads, k.ValueHeads, k.KeyDim, k.ValueDim
+	_, vd, cd := k.Dims()
+	kd, F, C := nk*dk, kern.DNChunkFloats(dk, dv), kern.DNChunk
+	conv, proj := f.view(k.Conv, int(rowsSpan(R, k.Ldc, cd)/4)), f.view(k.Proj, int(rowsSpan(R, k.Ldp, k.ProjWidth())/4))
+	out := f.view(k.Out, int(rowsSpan(R, k.Ldo, vd)/4))
+	X := f.view(c.ptr(20), int(k.ChunkScratch(R)/4))
+	alog, dtb, nw := f.view(k.ALog, nv), f.view(k.Dt, nv), f.view(k.NormW, dv)
+	x := func(r, h, i int) int { return (r*nv+h)*F + i }
+	switch c.name {
+	case "dn_chunk_prep":
+		for ci, ch := range dnChunks(slots) {
+			if ci >= int(c.cfg.Grid.Y) {
+				f.t.Fatalf("fake: dn_chunk_prep's grid (%d) misses chunk %d", c.cfg.Grid.Y, ci)
+			}
+			r0, n := ch[0], ch[1]
+			for hv := range nv {
+				kh := hv / (nv / nk)
+				_, bc, ac := dnZBA(k, hv)
+				q, kk := make([][]float64, n), make([][]float64, n)
+				G, beta := make([]float64, n), make([]float64, n)
+				var acc float64
+				for t := range n {
+					r := r0 + t
+					q[t], kk[t] = make([]float64, dk), make([]float64, dk)
+					var sq, sk float64
+					for i := range dk {
+						q[t][i], kk[t][i] = float64(conv.at(r*k.Ldc+kh*dk+i)), float64(conv.at(r*k.Ldc+kd+kh*dk+i))
+						sq += q[t][i] * q[t][i]
+						sk += kk[t][i] * kk[t][i]
+					}
+					iq, ik := 1/math.Sqrt(sq+1e-6)/math.Sqrt(float64(dk)), 1/math.Sqrt(sk+1e-6)
+					for i := range dk {
+						q[t][i] *= iq
+						kk[t][i] *= ik
+					}
+					sp := float64(proj.at(r*k.Ldp+ac)) + float64(dtb.at(hv))
+					if sp <= 20 {
+						sp = math.Log1p(math.Exp(sp))
+					}
+					acc += -math.Exp(float64(alog.at(hv))) * sp
+					G[t], beta[t] = acc, 1/(1+math.Exp(-float64(proj.at(r*k.Ldp+bc))))
+				}
+				dot := func(a, b []float64) (s float64) {
+					for i := range a {
+						s += a[i] * b[i]
+					}
+					return s
+				}
+				// (I+L)[U | W] = [β⊙v | β⊙e^Γ⊙k̂] by forward substitution.
+				rhs := make([][]float64, n)
+				for t := range n {
+					rhs[t] = make([]float64, dv+dk)
+					for j := range dv {
+						rhs[t][j] = beta[t] * float64(conv.at((r0+t)*k.Ldc+2*kd+hv*dv+j))
+					}
+					for i := range dk {
+						rhs[t][dv+i] = beta[t] * math.Exp(G[t]) * kk[t][i]
+					}
+					for s := range t {
+						l := beta[t] * dot(kk[t], kk[s]) * math.Exp(G[t]-G[s])
+						for j := range rhs[t] {
+							rhs[t][j] -= l * rhs[s][j]
+						}
+					}
+				}
+				for t := range n {
+					r := r0 + t
+					for j, v := range rhs[t] {
+						X.set(x(r, hv, j), float32(v))
+					}
+					for i := range dk {
+						X.set(x(r, hv, dv+dk+i), float32(math.Exp(G[t])*q[t][i]))
+						X.set(x(r, hv, dv+2*dk+i), float32(math.Exp(G[n-1]-G[t])*kk[t][i]))
+					}
+					for s := range C {
+						m := 0.0
+						if s <= t {
+							m = dot(q[t], kk[s]) * math.Exp(G[t]-G[s])
+						}
+						X.set(x(r, hv, dv+3*dk+s), float32(m))
+					}
+				}
+				X.set(x(r0, hv, dv+3*dk+C), float32(math.Exp(G[n-1])))
+			}
+		}
+	case "dn_chunk_state":
+		state := f.view(k.State, f.seqs*stride)
+		slices := (dv + kern.DNChunkCols - 1) / kern.DNChunkCols
+		if int(c.cfg.Grid.X) != nv*slices {
+			f.t.Fatalf("fake: dn_chunk_state over %d blocks of heads, want %d", c.cfg.Grid.X, nv*slices)
+		}
+		var S []float64
+		for _, ch := range dnChunks(slots) {
+			r0, n, seq := ch[0], ch[1], ch[2]
+			if seq >= int(c.cfg.Grid.Y) {
+				break // no block for it
+			}
+			first := r0 == 0 || slots[r0-1] != slots[r0]
+			last := r0+n == R || slots[r0+n] != slots[r0]
+			base := slots[r0]*stride + soff
+			if first {
+				S = make([]float64, nv*dk*dv)
+				for i := range S {
+					S[i] = float64(state.at(base + i))
+				}
+			}
+			for hv := range nv {
+				Sh := S[hv*dk*dv : (hv+1)*dk*dv]
+				vp := make([][]float64, n)
+				for t := range n {
+					vp[t] = make([]float64, dv)
+					for j := range dv {
+						v := float64(X.at(x(r0+t, hv, j)))
+						for i := range dk {
+							v -= float64(X.at(x(r0+t, hv, dv+i))) * Sh[i*dv+j]
+						}
+						vp[t][j] = v
+					}
+				}
+				for t := range n {
+					for j := range dv {
+						var o float64
+						for i := range dk {
+							o += float64(X.at(x(r0+t, hv, dv+dk+i))) * Sh[i*dv+j]
+						}
+						for s := 0; s <= t; s++ {
+							o += float64(X.at(x(r0+t, hv, dv+3*dk+s))) * vp[s][j]
+						}
+						out.set((r0+t)*k.Ldo+hv*dv+j, float32(o))
+					}
+				}
+				en := float64(X.at(x(r0, hv, dv+3*dk+C)))
+				for i := range dk {
+					for j := range dv {
+						v := en * Sh[i*dv+j]
+						for t := range n {
+							v += float64(X.at(x(r0+t, hv, dv+2*dk+i))) * vp[t][j]
+						}
+						Sh[i*dv+j] = v
+					}
+				}
+			}
+			if last {
+				for i, v := range S {
+					state.set(base+i, float32(v))
+				}
+			}
+		}
+	case "dn_gnorm":
+		for r := range R {
+			for hv := range nv {
+				zc, _, _ := dnZBA(k, hv)
+				var ss float64
+				for j := range dv {
+					v := float64(out.at(r*k.Ldo + hv*dv + j))
+					ss += v * v
+				}
+				inv := 1 / math.Sqrt(ss/float64(dv)+float64(k.Eps))
+				for j := range dv {
+					v, z := float64(out.at(r*k.Ldo+hv*dv+j)), float64(proj.at(r*k.Ldp+zc+j))
+					out.set(r*k.Ldo+hv*dv+j, float32(float64(nw.at(j))*v*inv*z/(1+math.Exp(-z))))
+				}
+			}
+		}
+	}
+}
+
+// TestDeltaChunksOnFake checks that prefill steps with a sequence of at
+// least DeltaChunkMin rows run the chunked rule (dn_chunk_prep,
+// dn_chunk_state, dn_gnorm; both projection layouts, one and two
+// sequences a step, partial and whole chunks), that shorter and decode
+// steps keep dn_rule, that Options.NoDeltaChunks keeps dn_rule
+// everywhere, and that both match the CPU.
+func TestDeltaChunksOnFake(t *testing.T) {
+	c := cpu.New(1)
+	defer c.Close()
+	sched := []backendtest.Step{{{0, 20}, {1, 3}}, {{1, 70}}, {{0, 1}, {1, 1}}, {{0, 64}, {1, 5}}, {{1, 1}}}
+	for _, name := range []string{"deltanet/f32/grouped", "deltanet/q4tp/split"} {
+		var logits [2][]float32
+		for i, off := range []bool{false, true} {
+			got, calls := numericOnFake(t, c, name, sched, 13, Options{Seqs: 2, Ctx: 160, MaxRows: 80, NoDeltaChunks: off})
+			logits[i] = got
+			ran := map[string]int{}
+			for _, call := range calls {
+				if strings.HasPrefix(call.name, "dn_chunk_") || call.name == "dn_gnorm" || call.name == "dn_rule" {
+					ran[call.name]++
+				}
+			}
+			// Steps 0, 1 and 3 chunked, 2 and 4 row by row (per DeltaNet layer).
+			layers := ran["dn_rule"] + ran["dn_chunk_state"]
+			if layers%5 != 0 || layers == 0 {
+				t.Fatalf("%s: %v launches over 5 steps", name, ran)
+			}
+			L := layers / 5
+			want := map[string]int{"dn_chunk_prep": 3 * L, "dn_chunk_state": 3 * L, "dn_gnorm": 3 * L, "dn_rule": 2 * L}
+			if off {
+				want = map[string]int{"dn_rule": 5 * L}
+			}
+			if fmt.Sprint(ran) != fmt.Sprint(want) {
+				t.Errorf("%s (NoDeltaChunks %v): launched %v, want %v", name, off, ran, want)
+			}
+		}
+		if e := backendtest.NMSE(logits[0], logits[1]); e > 1e-9 || e != e {
+			t.Errorf("%s: chunked and row-by-row logits %.3g apart (NMSE)", name, e)
 		}
 	}
 }

@@ -394,6 +394,26 @@ func (st *state) moeTables(w *backend.MoE) [3]driver.DevicePtr {
 	return t
 }
 
+// DeltaChunkMin is the fewest rows of one sequence in a step for which its
+// Gated DeltaNet rule runs in chunks (dn_chunk_*) rather than row by row
+// (dn_rule): below it the three launches cost more than the rows.
+const DeltaChunkMin = 16
+
+// deltaChunks reports whether this step's DeltaNet rule runs chunked: not
+// a decode step, some sequence with at least DeltaChunkMin rows, heads the
+// chunked kernels take, and not Options.NoDeltaChunks.
+func (st *state) deltaChunks(k kern.DeltaNet) bool {
+	if st.d.opt.NoDeltaChunks || st.rows == len(st.b.Seqs) || !k.ChunkFits() {
+		return false
+	}
+	for _, t := range st.b.Tokens {
+		if len(t) >= DeltaChunkMin {
+			return true
+		}
+	}
+	return false
+}
+
 // DeltaNet adds layer's Gated DeltaNet block to x: the input RMSNorm and
 // the projections (st.mv / the fused decode matvec) into one row per token
 // of ProjWidth floats (the model's layout kept: dn_* read either), the
@@ -401,7 +421,8 @@ func (st *state) moeTables(w *backend.MoE) [3]driver.DevicePtr {
 // dn_conv_state advances them), the delta rule with its gates, L2 norms
 // and gated RMSNorm (dn_rule: one block per sequence and value head,
 // walking the sequence's rows in order; a decode step's sequences are its
-// rows, so the launch shape is the graph key's), and x += out_proj(o). Every
+// rows, so the launch shape is the graph key's; prefill steps the chunked
+// form, deltaChunks), and x += out_proj(o). Every
 // launch reads the rows' slots from the staged inputs: decode steps replay
 // from a graph.
 func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
@@ -486,8 +507,22 @@ func (st *state) DeltaNet(w *backend.DeltaNet, layer int) {
 		k.PackConvState(st.a())
 		st.launch("dn_conv_state", cc.Grid, cc.Block, 0)
 	}
-	k.PackRule(st.a(), R)
-	st.launch("dn_rule", rc.Grid, rc.Block, rc.Shared)
+	if st.deltaChunks(k) {
+		// Prefill: the chunked rule (every chunk's S-free part in
+		// parallel, then S carried chunk to chunk, then the gated norm).
+		X := st.buf("dn_chunk", k.ChunkScratch(M))
+		p, sc, nc := k.ChunkLaunches(R, len(st.b.Seqs))
+		for _, c := range []struct {
+			name string
+			cfg  driver.Config
+		}{{"dn_chunk_prep", p}, {"dn_chunk_state", sc}, {"dn_gnorm", nc}} {
+			k.PackChunk(st.a(), R, X)
+			st.launch(c.name, c.cfg.Grid, c.cfg.Block, c.cfg.Shared)
+		}
+	} else {
+		k.PackRule(st.a(), R)
+		st.launch("dn_rule", rc.Grid, rc.Block, rc.Shared)
+	}
 	// x += out_proj(o): the residual add in the matvec's epilogue.
 	st.mv(w.Out.(*mat), k.Out, vd, x, H, 0, true, R)
 }

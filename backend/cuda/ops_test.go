@@ -815,7 +815,7 @@ func (f *fakeGPU) checkCall(c *fakeCall) error {
 		return errorsJoin(want(int(g.X) == (n+255)/256 && b.X == 256, "shape"), want(ldi >= n && ldh >= n, "ld"),
 			f.span("g", c.ptr(0), rowsSpan(R, ldi, n)), f.span("u", c.ptr(1), rowsSpan(R, ldi, n)),
 			f.span("h", c.ptr(3), rowsSpan(R, ldh, n)))
-	case name == "dn_conv", name == "dn_conv_step", name == "dn_conv_state", name == "dn_rule":
+	case name == "dn_conv", name == "dn_conv_step", name == "dn_conv_state", name == "dn_rule", strings.HasPrefix(name, "dn_chunk_"), name == "dn_gnorm":
 		return f.checkDN(c)
 	}
 	return fmt.Errorf("no check written for kernel %s", name)
@@ -1390,7 +1390,7 @@ func dnCall(c *fakeCall) (kern.DeltaNet, int) {
 	case "dn_conv_state":
 		k = kern.DeltaNet{Proj: c.ptr(0), Ldp: c.int(1), Grouped: c.int(2) != 0, KeyHeads: c.int(3), KeyDim: c.int(4), ValueHeads: c.int(5),
 			ValueDim: c.int(6), ConvKernel: c.int(7), State: c.ptr(8), Slot: c.ptr(10)}
-	case "dn_rule":
+	case "dn_rule", "dn_chunk_prep", "dn_chunk_state", "dn_gnorm":
 		k = kern.DeltaNet{Conv: c.ptr(0), Ldc: c.int(1), Proj: c.ptr(2), Ldp: c.int(3), Grouped: c.int(4) != 0, KeyHeads: c.int(5), KeyDim: c.int(6),
 			ValueHeads: c.int(7), ValueDim: c.int(8), ALog: c.ptr(9), Dt: c.ptr(10), NormW: c.ptr(11), Eps: c.f32(12), State: c.ptr(13),
 			Slot: c.ptr(16), Out: c.ptr(18), Ldo: c.int(19)}
@@ -1422,7 +1422,7 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 		stride, slotArg = c.int(10), 11
 	case "dn_conv_state":
 		stride, slotArg = c.int(9), 10
-	case "dn_rule":
+	case "dn_rule", "dn_chunk_prep", "dn_chunk_state", "dn_gnorm":
 		stride, slotArg = c.int(14), 16
 	}
 	if k.KeyHeads <= 0 || k.ValueHeads <= 0 || k.ValueHeads%k.KeyHeads != 0 || k.KeyDim <= 0 || k.ValueDim <= 0 {
@@ -1448,7 +1448,8 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 		}
 		seen[s] = true
 	}
-	if c.name == "dn_rule" {
+	rule := c.name == "dn_rule" || strings.HasPrefix(c.name, "dn_chunk_") || c.name == "dn_gnorm"
+	if rule {
 		k.ConvKernel = c.int(15)/cd + 1
 		errs = append(errs, want(c.int(15) == (k.ConvKernel-1)*cd, "S offset %d", c.int(15)))
 	}
@@ -1469,6 +1470,15 @@ func (f *fakeGPU) checkDN(c *fakeCall) error {
 		if c.name != "dn_conv_state" {
 			errs = append(errs, f.span("w", k.ConvW, 4*int64(cd*k.ConvKernel)), f.span("out", k.Conv, rowsSpan(R, k.Ldc, cd)))
 		}
+	case "dn_chunk_prep", "dn_chunk_state", "dn_gnorm":
+		p, sc, nc := k.ChunkLaunches(R, dnSeqs(slots))
+		w := map[string]driver.Config{"dn_chunk_prep": p, "dn_chunk_state": sc, "dn_gnorm": nc}[c.name]
+		errs = append(errs, want(R >= 1 && R <= M && R > dnSeqs(slots), "R %d (of %d sequences)", R, dnSeqs(slots)),
+			want(k.ChunkFits(), "heads %d×%d", k.KeyDim, k.ValueDim),
+			want(c.cfg.Grid == w.Grid && c.cfg.Block == w.Block && c.cfg.Shared == w.Shared, "shape (want %+v)", w),
+			want(k.Ldc >= cd && k.Ldo >= vd, "ld"), f.span("conv", k.Conv, rowsSpan(R, k.Ldc, cd)),
+			f.span("out", k.Out, rowsSpan(R, k.Ldo, vd)), f.span("A_log", k.ALog, 4*int64(nv)), f.span("dt_bias", k.Dt, 4*int64(nv)),
+			f.span("norm", k.NormW, 4*int64(k.ValueDim)), f.span("X", c.ptr(20), k.ChunkScratch(R)))
 	case "dn_rule":
 		w := k.RuleLaunch(dnSeqs(slots))
 		errs = append(errs, want(R >= 1 && R <= M, "R %d", R), want(c.cfg.Grid == w.Grid && c.cfg.Block == w.Block && c.cfg.Shared == w.Shared, "shape (want %+v)", w),

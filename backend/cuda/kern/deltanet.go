@@ -138,6 +138,81 @@ func (k DeltaNet) RuleLaunch(seqs int) driver.Config {
 	return driver.Config{Grid: driver.D2(k.ValueHeads, seqs), Block: driver.D1(DNRuleThreads(k.ValueDim)), Shared: DNRuleShared(k.KeyDim, k.ValueDim)}
 }
 
+// DNChunk is the chunked rule's chunk (deltanet.cu DN_C, kernels.DeltaChunk)
+// and DNChunkCols the columns of S one dn_chunk_state block carries (DN_J).
+const (
+	DNChunk     = 64
+	DNChunkCols = 32
+)
+
+// ChunkFits reports whether the chunked rule (dn_chunk_prep,
+// dn_chunk_state, dn_gnorm) takes these heads: dk a multiple of 4 (its
+// 16-byte shared-memory reads) and at most 128 (a dn_chunk_state block
+// stages three chunks of dk-wide rows), dv ≤ 1024 (dn_gnorm's block).
+func (k DeltaNet) ChunkFits() bool {
+	return k.KeyDim%4 == 0 && k.KeyDim <= 128 && k.ValueDim <= 1024
+}
+
+// DNChunkFloats is the chunked rule's scratch a step row and value head:
+// [U dv | W dk | Qe dk | Kd dk | M DNChunk | e^Γn | 3 pad].
+func DNChunkFloats(dk, dv int) int { return dv + 3*dk + DNChunk + 4 }
+
+// ChunkScratch is the bytes of the chunked rule's scratch over R rows.
+func (k DeltaNet) ChunkScratch(R int) int64 {
+	return 4 * int64(R) * int64(k.ValueHeads) * int64(DNChunkFloats(k.KeyDim, k.ValueDim))
+}
+
+// DNChunkBound bounds the chunks of a step of R rows of seqs sequences
+// (each sequence's rows in chunks of DNChunk from its first): Σ⌈n/C⌉ ≤
+// ⌊R/C⌋ + seqs, and at most R.
+func DNChunkBound(R, seqs int) int { return min(R, R/DNChunk+seqs) }
+
+// DNPrepShared and DNStateShared are dn_chunk_prep's and dn_chunk_state's
+// dynamic shared memory.
+func DNPrepShared(dk int) int { return 4 * (2*DNChunk*(dk+4) + DNChunk*DNChunk + 4*DNChunk) }
+func DNStateShared(dk int) int {
+	return 4 * (dk*DNChunkCols + 3*DNChunk*dk + DNChunk*DNChunk + 2*DNChunk*DNChunkCols)
+}
+
+// PackChunk packs the chunked rule's parameters (all three kernels):
+// dn_rule's, then the scratch X (ChunkScratch(R) bytes).
+func (k DeltaNet) PackChunk(a *driver.Args, R int, X Ptr) *driver.Args {
+	return k.PackRule(a, R).Ptr(X)
+}
+
+// ChunkLaunches are dn_chunk_prep's, dn_chunk_state's and dn_gnorm's
+// launch shapes over a step of R rows of seqs sequences.
+func (k DeltaNet) ChunkLaunches(R, seqs int) (prep, state, norm driver.Config) {
+	slices := (k.ValueDim + DNChunkCols - 1) / DNChunkCols
+	prep = driver.Config{Grid: driver.D2(k.ValueHeads, DNChunkBound(R, seqs)), Block: driver.D1(256), Shared: DNPrepShared(k.KeyDim)}
+	state = driver.Config{Grid: driver.D2(k.ValueHeads*slices, seqs), Block: driver.D1(256), Shared: DNStateShared(k.KeyDim)}
+	norm = driver.Config{Grid: driver.D2(k.ValueHeads, R), Block: driver.D1((k.ValueDim + 31) / 32 * 32)}
+	return prep, state, norm
+}
+
+// ChunkCalls returns the layer's launches with the chunked rule (the
+// prefill form: dn_conv, dn_conv_state, dn_chunk_prep, dn_chunk_state,
+// dn_gnorm) over a step of R rows of seqs sequences, X its scratch.
+func (k DeltaNet) ChunkCalls(R, seqs int, X Ptr) ([]call, error) {
+	c, err := k.Calls(R, seqs)
+	if err != nil {
+		return nil, err
+	}
+	if !k.ChunkFits() {
+		return nil, fmt.Errorf("kern: deltanet heads of %d×%d: the chunked rule needs dk %% 4 == 0, dk ≤ 128, dv ≤ 1024", k.KeyDim, k.ValueDim)
+	}
+	p, s, n := k.ChunkLaunches(R, seqs)
+	return append(c[:2],
+		call{"dn_chunk_prep", p, k.PackChunk(&driver.Args{}, R, X)},
+		call{"dn_chunk_state", s, k.PackChunk(&driver.Args{}, R, X)},
+		call{"dn_gnorm", n, k.PackChunk(&driver.Args{}, R, X)}), nil
+}
+
+// DeltaNetChunked queues ChunkCalls.
+func (l *Launcher) DeltaNetChunked(k DeltaNet, R, seqs int, X Ptr) error {
+	return l.run(k.ChunkCalls(R, seqs, X))
+}
+
 // Calls returns the layer's three launches over a step of R rows of seqs
 // sequences, in order.
 func (k DeltaNet) Calls(R, seqs int) ([]call, error) {

@@ -203,7 +203,9 @@ func timeLaunches(b *testing.B, d *driver.Device, launches int, queue func(c *dr
 // dn_conv_state, dn_rule) at Qwen3-Next-80B's shape (16 key heads, 32
 // value heads of 128×128, conv 4, grouped projections) with CUDA events,
 // 10 steps per sample: decode steps of 1, 8 and 64 sequences (one row
-// each) and a 512-row prefill chunk of one sequence. SetBytes is the
+// each), prefill chunks of 512 and 64 rows of one sequence with dn_rule
+// and with the chunked rule (_chunked: dn_chunk_prep, dn_chunk_state,
+// dn_gnorm in place of dn_rule). SetBytes is the
 // recurrent state read and written (the decode steps' floor); µs/step and
 // tok/s are the three kernels' time.
 func BenchmarkGPUDeltaNet(b *testing.B) {
@@ -213,9 +215,16 @@ func BenchmarkGPUDeltaNet(b *testing.B) {
 	_, vd, cd := k.Dims()
 	pw, stride := k.ProjWidth(), k.StateFloats()
 	k.Ldp, k.Ldc, k.Ldo = pw, cd, vd
-	for _, sh := range []struct{ rows, seqs int }{{1, 1}, {8, 8}, {64, 64}, {512, 1}} {
+	for _, sh := range []struct {
+		rows, seqs int
+		chunk      bool
+	}{{1, 1, false}, {8, 8, false}, {64, 64, false}, {512, 1, false}, {512, 1, true}, {64, 1, false}, {64, 1, true}} {
 		R, seqs := sh.rows, sh.seqs
-		b.Run(fmt.Sprintf("rows%d_seqs%d", R, seqs), func(b *testing.B) {
+		name := fmt.Sprintf("rows%d_seqs%d", R, seqs)
+		if sh.chunk {
+			name += "_chunked"
+		}
+		b.Run(name, func(b *testing.B) {
 			slots := make([]byte, 4*R)
 			for r := range R {
 				binary.LittleEndian.PutUint32(slots[4*r:], uint32(r*seqs/R)) // each sequence's rows consecutive
@@ -266,6 +275,35 @@ func BenchmarkGPUDeltaNet(b *testing.B) {
 				k.PackConv(&calls[0].a)
 				k.PackConvState(&calls[1].a)
 				k.PackRule(&calls[2].a, R)
+				if sh.chunk {
+					// The chunked rule in place of dn_rule.
+					X := alloc(k.ChunkScratch(R))
+					if X == 0 {
+						return fmt.Errorf("allocation failed")
+					}
+					calls = calls[:2]
+					p, sc, nc := k.ChunkLaunches(R, seqs)
+					for _, ch := range []struct {
+						name string
+						cfg  driver.Config
+					}{{"dn_chunk_prep", p}, {"dn_chunk_state", sc}, {"dn_gnorm", nc}} {
+						f, err := m.Func(ch.name)
+						if err != nil {
+							return err
+						}
+						if ch.cfg.Shared > 0 {
+							if err := c.SetMaxDynamicShared(f, ch.cfg.Shared); err != nil {
+								return err
+							}
+						}
+						calls = append(calls, struct {
+							name string
+							cfg  driver.Config
+							a    driver.Args
+						}{name: ch.name, cfg: ch.cfg})
+						k.PackChunk(&calls[len(calls)-1].a, R, X)
+					}
+				}
 				return c.Synchronize()
 			})
 			defer d.Do(func(c *driver.Ctx) error {

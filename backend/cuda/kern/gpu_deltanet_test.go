@@ -164,6 +164,77 @@ func TestGPUDeltaNet(t *testing.T) {
 	}
 }
 
+// TestGPUDeltaNetChunked: dn_conv, dn_conv_state and the chunked rule
+// (dn_chunk_prep, dn_chunk_state, dn_gnorm) over prefill steps whose
+// sequences span whole and partial chunks (1, 63, 64, 65, 130 and 200
+// rows, beside decode rows and a new sequence) match dnReference (the CPU
+// recurrence) at TestGPUDeltaNet's bounds, both projection layouts, at
+// the parity suite's heads and Qwen3-Next's; and the chunked rule's
+// block output and state equal dn_rule's on the same steps to rounding.
+func TestGPUDeltaNetChunked(t *testing.T) {
+	g := newGPU(t)
+	run := func(s int32, n int) []int32 {
+		r := make([]int32, n)
+		for i := range r {
+			r[i] = s
+		}
+		return r
+	}
+	cat := func(parts ...[]int32) (out []int32) {
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	steps := [][]int32{
+		cat(run(1, 65), run(3, 1), run(0, 63)), // a chunk and one row, a decode row, one short of a chunk
+		cat(run(2, 130), run(0, 1)),            // two chunks and 2, a decode row
+		cat(run(3, 64), run(1, 200)),           // exactly one chunk; three and 8
+	}
+	const seqs = 4
+	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {2, 4, 128, 128}, {2, 4, 40, 24}} {
+		for _, grouped := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%d×%d_%d×%d_grouped=%v", shape.nk, shape.dk, shape.nv, shape.dv, grouped), func(t *testing.T) {
+				r := rng(47 + shape.dk)
+				k, convW, aLog, dtBias, normW := dnLayer(&r, shape.nk, shape.nv, shape.dk, shape.dv, grouped)
+				if !k.ChunkFits() {
+					t.Fatalf("%+v: the chunked rule does not take these heads", shape)
+				}
+				_, vd, cd := k.Dims()
+				pw, stride := k.ProjWidth(), k.StateFloats()
+				pool := r.vec(seqs*stride, 0.2)
+				ref := append([]float32(nil), pool...)
+				k.ConvW, k.ALog, k.Dt, k.NormW = g.f32(convW), g.f32(aLog), g.f32(dtBias), g.f32(normW)
+				ka, kb := k, k
+				ka.State, kb.State = g.f32(pool), g.f32(pool)
+				for si, slots := range steps {
+					R := len(slots)
+					proj := r.vec(R*pw, 1)
+					nseq := 1
+					for i := 1; i < R; i++ {
+						if slots[i] != slots[i-1] {
+							nseq++
+						}
+					}
+					ka.Proj, ka.Slot, ka.Conv, ka.Out = g.f32(proj), g.i32(slots), g.zeros(R*cd), g.zeros(R*vd)
+					kb.Proj, kb.Slot, kb.Conv, kb.Out = ka.Proj, ka.Slot, g.zeros(R*cd), g.zeros(R*vd)
+					X := g.zeros(int(ka.ChunkScratch(R) / 4))
+					g.run(func(l *kern.Launcher) error { return l.DeltaNetChunked(ka, R, nseq, X) })
+					g.run(func(l *kern.Launcher) error { return l.DeltaNet(kb, R, nseq) })
+					wantConv, wantOut := dnReference(k, proj, slots, ref, convW, aLog, dtBias, normW)
+					label := fmt.Sprintf("step %d (%d rows)", si, R)
+					dnClose(t, label+": dn_conv", g.readF32(ka.Conv, R*cd), wantConv, 1e-5)
+					gotOut, gotPool := g.readF32(ka.Out, R*vd), g.readF32(ka.State, seqs*stride)
+					dnClose(t, label+": chunked output", gotOut, wantOut, 1e-4)
+					dnClose(t, label+": chunked state pool", gotPool, ref, 1e-5)
+					dnClose(t, label+": chunked output against dn_rule's", gotOut, g.readF32(kb.Out, R*vd), 1e-4)
+					dnClose(t, label+": chunked state against dn_rule's", gotPool, g.readF32(kb.State, seqs*stride), 1e-5)
+				}
+			})
+		}
+	}
+}
+
 // TestGPUDeltaNetStep: a decode step's dn_conv_step (the conv and the
 // carried inputs' shift in one launch) then dn_rule against dn_conv,
 // dn_conv_state and dn_rule on a copy of the same pool, bitwise (conv

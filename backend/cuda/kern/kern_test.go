@@ -165,6 +165,10 @@ func TestManifestHasDecodeKernels(t *testing.T) {
 		"dn_conv_state": {8, 4, 4, 4, 4, 4, 4, 4, 8, 4, 8},
 		// (conv, ldc, proj, ldp, grouped, nk, dk, nv, dv, A_log, dt_bias, nw, eps, state, stride, soff, slot, R, out, ldo)
 		"dn_rule": {8, 4, 8, 4, 4, 4, 4, 4, 4, 8, 8, 8, 4, 8, 4, 4, 8, 4, 8, 4},
+		// dn_rule's, then the scratch X
+		"dn_chunk_prep":  {8, 4, 8, 4, 4, 4, 4, 4, 4, 8, 8, 8, 4, 8, 4, 4, 8, 4, 8, 4, 8},
+		"dn_chunk_state": {8, 4, 8, 4, 4, 4, 4, 4, 4, 8, 8, 8, 4, 8, 4, 4, 8, 4, 8, 4, 8},
+		"dn_gnorm":       {8, 4, 8, 4, 4, 4, 4, 4, 4, 8, 8, 8, 4, 8, 4, 4, 8, 4, 8, 4, 8},
 	}
 	for _, f := range []string{"f32", "f16", "bf16", "q8row", "q82f", "q4tp"} {
 		want["embed_"+f] = []int{8, 4, 4, 8, 8, 4}

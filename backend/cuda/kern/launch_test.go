@@ -115,6 +115,7 @@ func TestLaunchersMatchManifest(t *testing.T) {
 			Proj: 1, Ldp: 12352, ConvW: 2, State: 3, Slot: 4, Conv: 5, Ldc: 8192, ALog: 6, Dt: 7, NormW: 8, Eps: 1e-6, Out: 9, Ldo: 4096}
 		add(dn.Calls(3, 2))
 		add(dn.StepCalls(3))
+		add(dn.ChunkCalls(100, 2, 10))
 	}
 	used := map[string]bool{}
 	for _, c := range all {

@@ -296,3 +296,325 @@ extern "C" __global__ void __launch_bounds__(512) dn_rule(const float* __restric
   __syncthreads();
   for (int i = tid; i < dk * dv; i += blockDim.x) gS[i] = S[i];
 }
+
+// The chunked form of the rule for prefill (kernels/deltanet.go Chunked,
+// the WY/UT form): a sequence's rows of the step in chunks of DN_C from its
+// first row (the last one partial). Per chunk of n rows and value head h,
+// with Γ the cumulative sum of g over the chunk (float32, in order), q̂ and
+// k̂ the L2-normalised q (times dk^−½) and k:
+//   L[t,s] = β_t (k̂_t·k̂_s) e^{Γt−Γs} (s < t);   (I+L)[U | W] = [β⊙v | β⊙e^Γ⊙k̂]
+//   M[t,s] = (q̂_t·k̂_s) e^{Γt−Γs} (s ≤ t);  Qe_t = e^{Γt} q̂_t;  Kd_t = e^{Γn−Γt} k̂_t
+// (dn_chunk_prep: everything that does not depend on S, every chunk of the
+// step in parallel), then in order over the chunks (dn_chunk_state)
+//   V' = U − W·S;  O = Qe·S + M·V';  S = e^{Γn} S + Kdᵀ·V'
+// and dn_gnorm applies the gated RMSNorm to O (dn_rule's output arithmetic).
+// The three launches share dn_rule's parameters and one more, the scratch
+// X: per step row r and value head h, DNChunkFloats(dk, dv) = dv + 3·dk +
+// DN_C + 4 floats at (r·nv + h)·F: [U dv | W dk | Qe dk | Kd dk | M row t
+// of its chunk (DN_C; zero past t) | e^{Γn} (the chunk's first row) | pad].
+// Needs dk % 4 == 0 and dk ≤ 128 (kern.DeltaNet.ChunkFits).
+#define DN_C 64
+#define DN_J 32  // columns of S a dn_chunk_state block carries
+
+// dn_zba gives the columns of z_h, b_h and a_h in a projection row.
+__device__ __forceinline__ void dn_zba(int grouped, int nk, int dk, int nv, int dv, int h, int& zc, int& bc, int& ac) {
+  const int ratio = nv / nk, kh = h / ratio, kd = nk * dk, vd = nv * dv;
+  if (grouped) {
+    const int per = 2 * dk + 2 * ratio * dv, hi = h % ratio, ba = nk * per + kh * 2 * ratio;
+    zc = kh * per + 2 * dk + ratio * dv + hi * dv;
+    bc = ba + hi;
+    ac = ba + ratio + hi;
+  } else {
+    const int cd = 2 * kd + vd;
+    zc = cd + h * dv;
+    bc = cd + vd + h;
+    ac = cd + vd + nv + h;
+  }
+}
+
+// dn_chunk_find: the first row and rows of the step's chunk y (chunks in row
+// order; each sequence's rows from its first in chunks of DN_C), or n = 0
+// past the last chunk. One thread.
+__device__ __forceinline__ void dn_chunk_find(const int* __restrict__ slot, int R, int y, int& r0, int& n) {
+  int c = 0, start = 0;
+  r0 = -1;
+  for (int r = 0; r < R; r++) {
+    if (r > 0 && slot[r] != slot[r - 1]) start = r;
+    if ((r - start) % DN_C == 0) {
+      if (c == y) {
+        r0 = r;
+        break;
+      }
+      c++;
+    }
+  }
+  n = 0;
+  if (r0 < 0) return;
+  const int s = slot[r0];
+  while (n < DN_C && r0 + n < R && slot[r0 + n] == s) n++;
+}
+
+// dn_chunk_prep: chunk blockIdx.y of the step (a block past the last
+// returns), value head blockIdx.x: U, W, M, Qe, Kd and e^{Γn} into X.
+// Launch: grid (nv, DNChunkBound(R, seqs)), block 256, dynamic shared
+// DNPrepShared(dk) = 4·(2·DN_C·(dk+4) + DN_C·DN_C + 4·DN_C).
+extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
+                                                  int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
+                                                  const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
+                                                  float* __restrict__ state, int stride, int soff, const int* __restrict__ slot,
+                                                  int R, float* __restrict__ out, int ldo, float* __restrict__ X) {
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ float sm[];
+  __shared__ int info[2];
+  const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarp = nt >> 5;  // nt = 256
+  if (tid == 0) {
+    int r0, n;
+    dn_chunk_find(slot, R, blockIdx.y, r0, n);
+    info[0] = r0, info[1] = n;
+  }
+  __syncthreads();
+  const int r0 = info[0], n = info[1];
+  if (n == 0) return;  // block-uniform
+  const int ld = dk + 4, kd = nk * dk, kh = h / (nv / nk), F = dv + 3 * dk + DN_C + 4;
+  float *qn = sm, *kn = qn + DN_C * ld, *L = kn + DN_C * ld, *G = L + DN_C * DN_C, *beta = G + DN_C, *eg = beta + DN_C,
+        *egn = eg + DN_C;
+  int zc, bc, ac;
+  dn_zba(grouped, nk, dk, nv, dv, h, zc, bc, ac);
+  for (int e = tid; e < DN_C * dk; e += nt) {
+    const int t = e / dk, i = e - t * dk;
+    const float* c = conv + (size_t)(r0 + t) * ldc;
+    qn[t * ld + i] = t < n ? c[kh * dk + i] : 0.0f;
+    kn[t * ld + i] = t < n ? c[kd + kh * dk + i] : 0.0f;
+  }
+  if (tid < DN_C) {
+    float g = 0.0f, b = 0.0f;
+    if (tid < n) {
+      const float* p = proj + (size_t)(r0 + tid) * ldp;
+      g = (float)(-exp((double)alog[h]) * dn_softplus((double)p[ac] + (double)dtb[h]));
+      b = (float)(1.0 / (1.0 + exp(-(double)p[bc])));
+    }
+    G[tid] = g;
+    beta[tid] = b;
+  }
+  __syncthreads();
+  // L2 norms, a warp a row (Σ in double, as L2Norm), q also times dk^−½.
+  const float qs = (float)(1.0 / sqrt((double)dk));
+  for (int t = warp; t < n; t += nwarp) {
+    double sq = 0.0, sk = 0.0;
+    for (int i = lane; i < dk; i += 32) {
+      sq += (double)qn[t * ld + i] * qn[t * ld + i];
+      sk += (double)kn[t * ld + i] * kn[t * ld + i];
+    }
+    sq = warp_sum_d(sq);
+    sk = warp_sum_d(sk);
+    const float iq = (float)(1.0 / sqrt((double)((float)sq + 1e-6f))), ik = (float)(1.0 / sqrt((double)((float)sk + 1e-6f)));
+    for (int i = lane; i < dk; i += 32) {
+      qn[t * ld + i] = (qn[t * ld + i] * iq) * qs;
+      kn[t * ld + i] = kn[t * ld + i] * ik;
+    }
+  }
+  if (tid == 0) {
+    float acc = 0.0f;  // Γ: the cumulative sum in order
+    for (int t = 0; t < n; t++) G[t] = acc = acc + G[t];
+  }
+  __syncthreads();
+  if (tid < DN_C) {
+    eg[tid] = tid < n ? (float)exp((double)G[tid]) : 0.0f;
+    egn[tid] = tid < n ? (float)exp((double)(G[n - 1] - G[tid])) : 0.0f;
+  }
+  // L and M over 4×4 entries a thread: rows ti + 16a, columns si + 16b
+  // (a block of 256 threads covers DN_C × DN_C; kn and qn rows dk + 4
+  // apart, so a quarter-warp's 16-byte reads of 8 rows hit distinct banks).
+  {
+    const int ti = tid / 16, si = tid % 16;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+      for (int b2 = 0; b2 < 4; b2++) kk[a][b2] = 0.0f, qk[a][b2] = 0.0f;
+    for (int i = 0; i < dk; i += 4) {
+      float4 kt[4], qt[4], ks[4];
+#pragma unroll
+      for (int a = 0; a < 4; a++) {
+        kt[a] = *(const float4*)(kn + (ti + 16 * a) * ld + i);
+        qt[a] = *(const float4*)(qn + (ti + 16 * a) * ld + i);
+        ks[a] = *(const float4*)(kn + (si + 16 * a) * ld + i);
+      }
+#pragma unroll
+      for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b2 = 0; b2 < 4; b2++) {
+          kk[a][b2] += kt[a].x * ks[b2].x + kt[a].y * ks[b2].y + kt[a].z * ks[b2].z + kt[a].w * ks[b2].w;
+          qk[a][b2] += qt[a].x * ks[b2].x + qt[a].y * ks[b2].y + qt[a].z * ks[b2].z + qt[a].w * ks[b2].w;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+      for (int b2 = 0; b2 < 4; b2++) {
+        const int t = ti + 16 * a, s = si + 16 * b2;
+        const float e = t < n && s <= t ? (float)exp((double)(G[t] - G[s])) : 0.0f;
+        L[t * DN_C + s] = s < t ? (beta[t] * kk[a][b2]) * e : 0.0f;
+        if (t < n) X[((size_t)(r0 + t) * nv + h) * F + dv + 3 * dk + s] = qk[a][b2] * e;
+      }
+  }
+  __syncthreads();
+  // Forward substitution, a thread a column of [β⊙v | β⊙e^Γ⊙k̂] (all DN_C
+  // rows in registers; rows past n are zero and stay zero).
+  for (int col = tid; col < dv + dk; col += nt) {
+    float x[DN_C];
+#pragma unroll
+    for (int t = 0; t < DN_C; t++) {
+      float v = 0.0f;
+      if (t < n) v = col < dv ? beta[t] * conv[(size_t)(r0 + t) * ldc + 2 * kd + h * dv + col] : (beta[t] * eg[t]) * kn[t * ld + col - dv];
+      x[t] = v;
+    }
+#pragma unroll
+    for (int t = 1; t < DN_C; t++) {
+      float acc = x[t];
+#pragma unroll
+      for (int s = 0; s < t; s++) acc -= L[t * DN_C + s] * x[s];
+      x[t] = acc;
+    }
+#pragma unroll
+    for (int t = 0; t < DN_C; t++)
+      if (t < n) X[((size_t)(r0 + t) * nv + h) * F + col] = x[t];
+  }
+  // Qe, Kd and e^{Γn}.
+  for (int e = tid; e < n * dk; e += nt) {
+    const int t = e / dk, i = e - t * dk;
+    float* xr = X + ((size_t)(r0 + t) * nv + h) * F + dv + dk;
+    xr[i] = eg[t] * qn[t * ld + i];
+    xr[dk + i] = egn[t] * kn[t * ld + i];
+  }
+  if (tid == 0) X[((size_t)r0 * nv + h) * F + dv + 3 * dk + DN_C] = eg[n - 1];
+}
+
+// dn_chunk_state: value head h = blockIdx.x / ⌈dv/DN_J⌉, its columns
+// [DN_J·(blockIdx.x mod ⌈dv/DN_J⌉), +DN_J) of S, over the chunks of the
+// step's sequence blockIdx.y in order: O (before the gated norm) into out,
+// S advanced in the pool. Thread (tr, j) = (tid / 32, tid % 32) takes rows
+// t ≡ tr (mod 8) of V' and O and rows i of S in quads 4·(tr + 8u)..+3.
+// Launch: grid (nv·⌈dv/DN_J⌉, seqs), block 256, dynamic shared
+// DNStateShared(dk) = 4·(dk·DN_J + 3·DN_C·dk + DN_C·DN_C + 2·DN_C·DN_J).
+extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
+                                                   int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
+                                                   const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
+                                                   float* __restrict__ state, int stride, int soff, const int* __restrict__ slot,
+                                                   int R, float* __restrict__ out, int ldo, const float* __restrict__ X) {
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ float sm[];
+  const int slices = (dv + DN_J - 1) / DN_J, h = blockIdx.x / slices, j0 = (blockIdx.x % slices) * DN_J;
+  const int tid = threadIdx.x, j = tid % 32, tr = tid / 32, F = dv + 3 * dk + DN_C + 4;
+  int r0 = 0;  // the first row of sequence blockIdx.y
+  for (int nn = 0; r0 < R; r0++) {
+    if (r0 > 0 && slot[r0] == slot[r0 - 1]) continue;
+    if (nn++ == (int)blockIdx.y) break;
+  }
+  if (r0 >= R) return;
+  const int s = slot[r0];
+  int r1 = r0 + 1;
+  while (r1 < R && slot[r1] == s) r1++;
+  float *S = sm, *W = S + dk * DN_J, *Qe = W + DN_C * dk, *Kd = Qe + DN_C * dk, *M = Kd + DN_C * dk, *U = M + DN_C * DN_C,
+        *Vp = U + DN_C * DN_J;
+  __shared__ float egn_s;
+  const bool on = j0 + j < dv;
+  float* gS = state + (size_t)s * stride + soff + (size_t)h * dk * dv + j0;
+  for (int e = tid; e < dk * DN_J; e += blockDim.x) {
+    const int i = e / DN_J, jj = e % DN_J;
+    S[e] = j0 + jj < dv ? gS[(size_t)i * dv + jj] : 0.0f;
+  }
+  for (int c0 = r0; c0 < r1; c0 += DN_C) {
+    const int n = min(DN_C, r1 - c0);
+    __syncthreads();  // the previous chunk's reads of the staged rows are done
+    for (int e = tid; e < DN_C * dk; e += blockDim.x) {
+      const int t = e / dk, i = e - t * dk;
+      const float* xr = X + ((size_t)(c0 + t) * nv + h) * F + dv;
+      W[e] = t < n ? xr[i] : 0.0f;
+      Qe[e] = t < n ? xr[dk + i] : 0.0f;
+      Kd[e] = t < n ? xr[2 * dk + i] : 0.0f;
+    }
+    for (int e = tid; e < DN_C * DN_C; e += blockDim.x) {
+      const int t = e / DN_C;
+      M[e] = t < n ? X[((size_t)(c0 + t) * nv + h) * F + dv + 3 * dk + e % DN_C] : 0.0f;
+    }
+    for (int e = tid; e < DN_C * DN_J; e += blockDim.x) {
+      const int t = e / DN_J, jj = e % DN_J;
+      U[e] = t < n && j0 + jj < dv ? X[((size_t)(c0 + t) * nv + h) * F + j0 + jj] : 0.0f;
+    }
+    if (tid == 0) egn_s = X[((size_t)c0 * nv + h) * F + dv + 3 * dk + DN_C];
+    __syncthreads();
+    // V' = U − W·S and Qe·S, rows tr + 8u.
+    float aw[8], aq[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) aw[u] = 0.0f, aq[u] = 0.0f;
+    for (int i = 0; i < dk; i += 4) {
+      const float s0 = S[i * DN_J + j], s1 = S[(i + 1) * DN_J + j], s2 = S[(i + 2) * DN_J + j], s3 = S[(i + 3) * DN_J + j];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const float4 w = *(const float4*)(W + (tr + 8 * u) * dk + i), q = *(const float4*)(Qe + (tr + 8 * u) * dk + i);
+        aw[u] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        aq[u] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int t = tr + 8 * u;
+      Vp[t * DN_J + j] = U[t * DN_J + j] - aw[u];
+    }
+    __syncthreads();
+    // O = Qe·S + M·V' (out), and S = e^{Γn} S + Kdᵀ·V'.
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int t = tr + 8 * u;
+      if (t >= n) break;
+      float o = aq[u];
+      for (int s2 = 0; s2 <= t; s2++) o += M[t * DN_C + s2] * Vp[s2 * DN_J + j];
+      if (on) out[(size_t)(c0 + t) * ldo + h * dv + j0 + j] = o;
+    }
+    const float en = egn_s;
+    for (int i4 = tr; 4 * i4 < dk; i4 += 8) {
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+      for (int t = 0; t < n; t++) {
+        const float v = Vp[t * DN_J + j];
+        const float4 kq = *(const float4*)(Kd + t * dk + 4 * i4);
+        a0 += kq.x * v, a1 += kq.y * v, a2 += kq.z * v, a3 += kq.w * v;
+      }
+      float* sp = S + 4 * i4 * DN_J + j;
+      sp[0] = en * sp[0] + a0;
+      sp[DN_J] = en * sp[DN_J] + a1;
+      sp[2 * DN_J] = en * sp[2 * DN_J] + a2;
+      sp[3 * DN_J] = en * sp[3 * DN_J] + a3;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < dk * DN_J; e += blockDim.x) {
+    const int i = e / DN_J, jj = e % DN_J;
+    if (j0 + jj < dv) gS[(size_t)i * dv + jj] = S[e];
+  }
+}
+
+// dn_gnorm: the gated RMSNorm of row blockIdx.y's value head blockIdx.x of
+// out in place (dn_rule's output arithmetic on dn_chunk_state's O).
+// Launch: grid (nv, R), block ⌈dv/32⌉·32.
+extern "C" __global__ void dn_gnorm(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
+                                    int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
+                                    const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
+                                    float* __restrict__ state, int stride, int soff, const int* __restrict__ slot,
+                                    int R, float* __restrict__ out, int ldo, const float* __restrict__ X) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ double red[32];
+  const int h = blockIdx.x, r = blockIdx.y, j = threadIdx.x;
+  const bool on = j < dv;
+  int zc, bc, ac;
+  dn_zba(grouped, nk, dk, nv, dv, h, zc, bc, ac);
+  float* o = out + (size_t)r * ldo + h * dv;
+  const float v = on ? o[j] : 0.0f;
+  const double ss = block_sum_d(on ? (double)v * v : 0.0, red);
+  if (!on) return;
+  const float zj = proj[(size_t)r * ldp + zc + j];
+  o[j] = rms_apply(v, rms_inv(ss, dv, eps), nw[j], 0) * (zj / (1.0f + expf(-zj)));
+}

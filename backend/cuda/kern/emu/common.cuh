@@ -24,6 +24,8 @@
 #define __shared__ static
 #define FULL_MASK 0xffffffffu
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline int min(int a, int b) { return a < b ? a : b; }
 extern thread_local dim3 threadIdx;
 extern dim3 blockIdx, blockDim, gridDim;
 extern std::barrier<>* g_bar;

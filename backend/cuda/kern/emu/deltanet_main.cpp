@@ -2,12 +2,16 @@
 // on the host under common.cuh's emulation: argv[1] is the input (12 int32
 // header fields: nk nv dk dv K grouped R poolSeqs stepSeqs threads smem
 // eps-bits, then proj, slots, conv weight, A_log, dt_bias, norm weight,
-// pool), argv[2] receives conv output, block output and the pool. Built
+// pool), argv[2] receives conv output, block output and the pool; argv[3]
+// "chunk" runs the chunked rule (dn_chunk_prep, dn_chunk_state, dn_gnorm)
+// in place of dn_rule. Built
 // and driven by scripts/emu-deltanet (TestEmuDeltaNet compares it with the
 // CPU's kernels).
 #include "common.cuh"
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <algorithm>
 thread_local dim3 threadIdx;
 dim3 blockIdx, blockDim, gridDim;
 std::barrier<>* g_bar;
@@ -68,10 +72,24 @@ int main(int argc, char** argv) {
   dim3 cg{(unsigned)((cd + 255) / 256), (unsigned)R}, cb{256};
   launch(cg, cb, 0, [&] { dn_conv(proj.data(), pw, grouped, nk, dk, nv, dv, w.data(), K, pool.data(), stride, slot.data(), conv.data(), cd); });
   launch(cg, cb, 0, [&] { dn_conv_state(proj.data(), pw, grouped, nk, dk, nv, dv, K, pool.data(), stride, slot.data()); });
-  launch(dim3{(unsigned)nv, (unsigned)nseq}, dim3{(unsigned)threads}, smem, [&] {
-    dn_rule(conv.data(), cd, proj.data(), pw, grouped, nk, dk, nv, dv, alog.data(), dtb.data(), nw.data(), eps, pool.data(), stride,
-            (K - 1) * cd, slot.data(), R, out.data(), vd);
-  });
+  if (argc > 3 && std::string(argv[3]) == "chunk") {
+    // The chunked rule: kern.DeltaNet.ChunkCalls' launch shapes.
+    const int F = dv + 3 * dk + DN_C + 4, bound = std::min(R, R / DN_C + nseq), slices = (dv + DN_J - 1) / DN_J;
+    std::vector<float> X((size_t)R * nv * F, NAN);
+    auto args = [&](auto kfn) {
+      kfn(conv.data(), cd, proj.data(), pw, grouped, nk, dk, nv, dv, alog.data(), dtb.data(), nw.data(), eps, pool.data(), stride,
+          (K - 1) * cd, slot.data(), R, out.data(), vd, X.data());
+    };
+    launch(dim3{(unsigned)nv, (unsigned)bound}, dim3{256}, 4 * (2 * DN_C * (dk + 4) + DN_C * DN_C + 4 * DN_C), [&] { args(dn_chunk_prep); });
+    launch(dim3{(unsigned)(nv * slices), (unsigned)nseq}, dim3{256}, 4 * (dk * DN_J + 3 * DN_C * dk + DN_C * DN_C + 2 * DN_C * DN_J),
+           [&] { args(dn_chunk_state); });
+    launch(dim3{(unsigned)nv, (unsigned)R}, dim3{(unsigned)((dv + 31) / 32 * 32)}, 0, [&] { args(dn_gnorm); });
+  } else {
+    launch(dim3{(unsigned)nv, (unsigned)nseq}, dim3{(unsigned)threads}, smem, [&] {
+      dn_rule(conv.data(), cd, proj.data(), pw, grouped, nk, dk, nv, dv, alog.data(), dtb.data(), nw.data(), eps, pool.data(), stride,
+              (K - 1) * cd, slot.data(), R, out.data(), vd);
+    });
+  }
   FILE* f = fopen(argv[2], "wb");
   fwrite(conv.data(), 4, conv.size(), f);
   fwrite(out.data(), 4, out.size(), f);
