@@ -146,11 +146,12 @@ const (
 )
 
 // ChunkFits reports whether the chunked rule (dn_chunk_prep,
-// dn_chunk_state, dn_gnorm) takes these heads: dk a multiple of 4 (its
-// 16-byte shared-memory reads) and at most 128 (a dn_chunk_state block
-// stages three chunks of dk-wide rows), dv ≤ 1024 (dn_gnorm's block).
+// dn_chunk_state, dn_gnorm) takes these heads: dk and dv multiples of 4
+// (its 16-byte copies and shared-memory reads) and dk at most 128 (a
+// dn_chunk_state block stages three chunks of dk-wide rows), dv ≤ 1024
+// (dn_gnorm's block).
 func (k DeltaNet) ChunkFits() bool {
-	return k.KeyDim%4 == 0 && k.KeyDim <= 128 && k.ValueDim <= 1024
+	return k.KeyDim%4 == 0 && k.ValueDim%4 == 0 && k.KeyDim <= 128 && k.ValueDim <= 1024
 }
 
 // DNChunkFloats is the chunked rule's scratch a step row and value head:
@@ -199,7 +200,7 @@ func (k DeltaNet) ChunkCalls(R, seqs int, X Ptr) ([]call, error) {
 		return nil, err
 	}
 	if !k.ChunkFits() {
-		return nil, fmt.Errorf("kern: deltanet heads of %d×%d: the chunked rule needs dk %% 4 == 0, dk ≤ 128, dv ≤ 1024", k.KeyDim, k.ValueDim)
+		return nil, fmt.Errorf("kern: deltanet heads of %d×%d: the chunked rule needs dk, dv multiples of 4, dk ≤ 128, dv ≤ 1024", k.KeyDim, k.ValueDim)
 	}
 	p, s, n := k.ChunkLaunches(R, seqs)
 	return append(c[:2],

@@ -203,7 +203,7 @@ func timeLaunches(b *testing.B, d *driver.Device, launches int, queue func(c *dr
 // dn_conv_state, dn_rule) at Qwen3-Next-80B's shape (16 key heads, 32
 // value heads of 128×128, conv 4, grouped projections) with CUDA events,
 // 10 steps per sample: decode steps of 1, 8 and 64 sequences (one row
-// each), prefill chunks of 512 and 64 rows of one sequence with dn_rule
+// each), prefill chunks of 512, 64, 16 and 8 rows of one sequence with dn_rule
 // and with the chunked rule (_chunked: dn_chunk_prep, dn_chunk_state,
 // dn_gnorm in place of dn_rule). SetBytes is the
 // recurrent state read and written (the decode steps' floor); µs/step and
@@ -218,7 +218,7 @@ func BenchmarkGPUDeltaNet(b *testing.B) {
 	for _, sh := range []struct {
 		rows, seqs int
 		chunk      bool
-	}{{1, 1, false}, {8, 8, false}, {64, 64, false}, {512, 1, false}, {512, 1, true}, {64, 1, false}, {64, 1, true}} {
+	}{{1, 1, false}, {8, 8, false}, {64, 64, false}, {512, 1, false}, {512, 1, true}, {64, 1, false}, {64, 1, true}, {16, 1, false}, {16, 1, true}, {8, 1, false}, {8, 1, true}} {
 		R, seqs := sh.rows, sh.seqs
 		name := fmt.Sprintf("rows%d_seqs%d", R, seqs)
 		if sh.chunk {

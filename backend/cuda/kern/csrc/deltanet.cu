@@ -332,26 +332,74 @@ __device__ __forceinline__ void dn_zba(int grouped, int nk, int dk, int nv, int 
   }
 }
 
+// dn_cp16 copies 16 bytes from global to shared memory without a register
+// stop (cp.async on sm_80+; a plain copy elsewhere, the host emulation);
+// dn_cp_wait waits for this thread's copies (the block then synchronises).
+__device__ __forceinline__ void dn_cp16(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+#else
+  *(float4*)dst = *(const float4*)src;
+#endif
+}
+__device__ __forceinline__ void dn_cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // dn_chunk_find: the first row and rows of the step's chunk y (chunks in row
 // order; each sequence's rows from its first in chunks of DN_C), or n = 0
-// past the last chunk. One thread.
+// past the last chunk. Warp-wide (every lane of one warp calls it; 32 rows
+// a round by ballots: a row starts a chunk when it is DN_C·m rows after
+// its sequence's first, the last sequence start at or before it).
 __device__ __forceinline__ void dn_chunk_find(const int* __restrict__ slot, int R, int y, int& r0, int& n) {
-  int c = 0, start = 0;
+  const int lane = threadIdx.x & 31;
+  int start = 0, c = 0;
   r0 = -1;
-  for (int r = 0; r < R; r++) {
-    if (r > 0 && slot[r] != slot[r - 1]) start = r;
-    if ((r - start) % DN_C == 0) {
-      if (c == y) {
-        r0 = r;
-        break;
-      }
-      c++;
+  for (int base = 0; base < R; base += 32) {
+    const int r = base + lane;
+    const bool in = r < R;
+    const bool st = in && (r == 0 || slot[r] != slot[r - 1]);
+    const unsigned sm = __ballot_sync(FULL_MASK, st);
+    const unsigned le = sm & (0xffffffffu >> (31 - lane));  // starts at or before this row in the round
+    const int rs = le ? base + 31 - __clz(le) : start;
+    const bool cs = in && (r - rs) % DN_C == 0;
+    const unsigned cm = __ballot_sync(FULL_MASK, cs);
+    const int cnt = __popc(cm);
+    if (y < c + cnt) {  // warp-uniform
+      const bool mine = cs && __popc(cm & ((1u << lane) - 1u)) == y - c;
+      r0 = base + __ffs(__ballot_sync(FULL_MASK, mine)) - 1;
+      break;
     }
+    c += cnt;
+    if (sm) start = base + 31 - __clz(sm);
   }
   n = 0;
-  if (r0 < 0) return;
+  if (r0 < 0) return;  // warp-uniform
   const int s = slot[r0];
-  while (n < DN_C && r0 + n < R && slot[r0 + n] == s) n++;
+  // A sequence's rows are consecutive and it occurs once: its rows among
+  // the next DN_C are the chunk's.
+  n = __popc(__ballot_sync(FULL_MASK, r0 + lane < R && slot[r0 + lane] == s)) +
+      __popc(__ballot_sync(FULL_MASK, r0 + 32 + lane < R && slot[r0 + 32 + lane] == s));
+}
+
+// dn_nth_start: the first row of the step's k-th sequence (runs of one
+// slot), or R past the last. Warp-wide, 32 rows a round.
+__device__ __forceinline__ int dn_nth_start(const int* __restrict__ slot, int R, int k) {
+  const int lane = threadIdx.x & 31;
+  for (int base = 0, c = 0; base < R; base += 32) {
+    const int r = base + lane;
+    const bool st = r < R && (r == 0 || slot[r] != slot[r - 1]);
+    const unsigned sm = __ballot_sync(FULL_MASK, st);
+    const int cnt = __popc(sm);
+    if (k < c + cnt) {  // warp-uniform
+      const bool mine = st && __popc(sm & ((1u << lane) - 1u)) == k - c;
+      return base + __ffs(__ballot_sync(FULL_MASK, mine)) - 1;
+    }
+    c += cnt;
+  }
+  return R;
 }
 
 // dn_chunk_prep: chunk blockIdx.y of the step (a block past the last
@@ -368,10 +416,10 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
   extern __shared__ float sm[];
   __shared__ int info[2];
   const int h = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarp = nt >> 5;  // nt = 256
-  if (tid == 0) {
+  if (warp == 0) {
     int r0, n;
     dn_chunk_find(slot, R, blockIdx.y, r0, n);
-    info[0] = r0, info[1] = n;
+    if (lane == 0) info[0] = r0, info[1] = n;
   }
   __syncthreads();
   const int r0 = info[0], n = info[1];
@@ -381,11 +429,27 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
         *egn = eg + DN_C;
   int zc, bc, ac;
   dn_zba(grouped, nk, dk, nv, dv, h, zc, bc, ac);
-  for (int e = tid; e < DN_C * dk; e += nt) {
-    const int t = e / dk, i = e - t * dk;
-    const float* c = conv + (size_t)(r0 + t) * ldc;
-    qn[t * ld + i] = t < n ? c[kh * dk + i] : 0.0f;
-    kn[t * ld + i] = t < n ? c[kd + kh * dk + i] : 0.0f;
+  if (aligned16(conv) && ldc % 4 == 0) {  // block-uniform: 16-byte copies (dk % 4 == 0)
+    const int d4 = dk / 4;
+    for (int e = tid; e < DN_C * d4; e += nt) {
+      const int t = e / d4, i = 4 * (e - t * d4);
+      const float* c = conv + (size_t)(r0 + t) * ldc;
+      if (t < n) {
+        dn_cp16(qn + t * ld + i, c + kh * dk + i);
+        dn_cp16(kn + t * ld + i, c + kd + kh * dk + i);
+      } else {
+        *(float4*)(qn + t * ld + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(float4*)(kn + t * ld + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    dn_cp_wait();
+  } else {
+    for (int e = tid; e < DN_C * dk; e += nt) {
+      const int t = e / dk, i = e - t * dk;
+      const float* c = conv + (size_t)(r0 + t) * ldc;
+      qn[t * ld + i] = t < n ? c[kh * dk + i] : 0.0f;
+      kn[t * ld + i] = t < n ? c[kd + kh * dk + i] : 0.0f;
+    }
   }
   if (tid < DN_C) {
     float g = 0.0f, b = 0.0f;
@@ -508,15 +572,15 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __
   extern __shared__ float sm[];
   const int slices = (dv + DN_J - 1) / DN_J, h = blockIdx.x / slices, j0 = (blockIdx.x % slices) * DN_J;
   const int tid = threadIdx.x, j = tid % 32, tr = tid / 32, F = dv + 3 * dk + DN_C + 4;
-  int r0 = 0;  // the first row of sequence blockIdx.y
-  for (int nn = 0; r0 < R; r0++) {
-    if (r0 > 0 && slot[r0] == slot[r0 - 1]) continue;
-    if (nn++ == (int)blockIdx.y) break;
+  __shared__ int span[2];
+  if (tr == 0) {  // sequence blockIdx.y's rows [r0, r1)
+    const int a = dn_nth_start(slot, R, blockIdx.y), b = dn_nth_start(slot, R, blockIdx.y + 1);
+    if (j == 0) span[0] = a, span[1] = b;
   }
-  if (r0 >= R) return;
+  __syncthreads();
+  const int r0 = span[0], r1 = span[1];
+  if (r0 >= R) return;  // block-uniform
   const int s = slot[r0];
-  int r1 = r0 + 1;
-  while (r1 < R && slot[r1] == s) r1++;
   float *S = sm, *W = S + dk * DN_J, *Qe = W + DN_C * dk, *Kd = Qe + DN_C * dk, *M = Kd + DN_C * dk, *U = M + DN_C * DN_C,
         *Vp = U + DN_C * DN_J;
   __shared__ float egn_s;
@@ -526,26 +590,41 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __
     const int i = e / DN_J, jj = e % DN_J;
     S[e] = j0 + jj < dv ? gS[(size_t)i * dv + jj] : 0.0f;
   }
-  for (int c0 = r0; c0 < r1; c0 += DN_C) {
-    const int n = min(DN_C, r1 - c0);
-    __syncthreads();  // the previous chunk's reads of the staged rows are done
-    for (int e = tid; e < DN_C * dk; e += blockDim.x) {
-      const int t = e / dk, i = e - t * dk;
+  // Chunk c0's rows into shared memory by 16-byte copies, in two parts:
+  // W, Qe and U (free once V' is written) are copied for the next chunk
+  // while this one's O and S are computed, M and Kd after. Rows past a
+  // chunk's n are not copied (nothing reads them: O and S take rows < n,
+  // V' of rows ≥ n is never read).
+  const int d4 = dk / 4;
+  auto stage_a = [&](int c0, int n) {  // W, Qe, U
+    for (int e = tid; e < n * d4; e += blockDim.x) {
+      const int t = e / d4, i = 4 * (e - t * d4);
       const float* xr = X + ((size_t)(c0 + t) * nv + h) * F + dv;
-      W[e] = t < n ? xr[i] : 0.0f;
-      Qe[e] = t < n ? xr[dk + i] : 0.0f;
-      Kd[e] = t < n ? xr[2 * dk + i] : 0.0f;
+      dn_cp16(W + t * dk + i, xr + i);
+      dn_cp16(Qe + t * dk + i, xr + dk + i);
     }
-    for (int e = tid; e < DN_C * DN_C; e += blockDim.x) {
-      const int t = e / DN_C;
-      M[e] = t < n ? X[((size_t)(c0 + t) * nv + h) * F + dv + 3 * dk + e % DN_C] : 0.0f;
+    for (int e = tid; e < n * (DN_J / 4); e += blockDim.x) {
+      const int t = e / (DN_J / 4), jj = 4 * (e % (DN_J / 4));
+      if (j0 + jj < dv) dn_cp16(U + t * DN_J + jj, X + ((size_t)(c0 + t) * nv + h) * F + j0 + jj);
     }
-    for (int e = tid; e < DN_C * DN_J; e += blockDim.x) {
-      const int t = e / DN_J, jj = e % DN_J;
-      U[e] = t < n && j0 + jj < dv ? X[((size_t)(c0 + t) * nv + h) * F + j0 + jj] : 0.0f;
+  };
+  auto stage_b = [&](int c0, int n) {  // Kd, M, e^{Γn}
+    for (int e = tid; e < n * d4; e += blockDim.x) {
+      const int t = e / d4, i = 4 * (e - t * d4);
+      dn_cp16(Kd + t * dk + i, X + ((size_t)(c0 + t) * nv + h) * F + dv + 2 * dk + i);
+    }
+    for (int e = tid; e < n * (DN_C / 4); e += blockDim.x) {
+      const int t = e / (DN_C / 4), c = 4 * (e % (DN_C / 4));
+      dn_cp16(M + t * DN_C + c, X + ((size_t)(c0 + t) * nv + h) * F + dv + 3 * dk + c);
     }
     if (tid == 0) egn_s = X[((size_t)c0 * nv + h) * F + dv + 3 * dk + DN_C];
-    __syncthreads();
+  };
+  stage_a(r0, min(DN_C, r1 - r0));
+  stage_b(r0, min(DN_C, r1 - r0));
+  for (int c0 = r0; c0 < r1; c0 += DN_C) {
+    const int n = min(DN_C, r1 - c0), c1 = c0 + DN_C, n1 = min(DN_C, r1 - c1);
+    dn_cp_wait();
+    __syncthreads();  // chunk c0's rows staged (and, the first time, S)
     // V' = U − W·S and Qe·S, rows tr + 8u.
     float aw[8], aq[8];
 #pragma unroll
@@ -564,7 +643,8 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __
       const int t = tr + 8 * u;
       Vp[t * DN_J + j] = U[t * DN_J + j] - aw[u];
     }
-    __syncthreads();
+    __syncthreads();  // V' written; W, Qe and U free
+    if (c1 < r1) stage_a(c1, n1);
     // O = Qe·S + M·V' (out), and S = e^{Γn} S + Kdᵀ·V'.
 #pragma unroll
     for (int u = 0; u < 8; u++) {
@@ -588,8 +668,9 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __
       sp[2 * DN_J] = en * sp[2 * DN_J] + a2;
       sp[3 * DN_J] = en * sp[3 * DN_J] + a3;
     }
+    __syncthreads();  // M, Kd and e^{Γn} read
+    if (c1 < r1) stage_b(c1, n1);
   }
-  __syncthreads();
   for (int e = tid; e < dk * DN_J; e += blockDim.x) {
     const int i = e / DN_J, jj = e % DN_J;
     if (j0 + jj < dv) gS[(size_t)i * dv + jj] = S[e];

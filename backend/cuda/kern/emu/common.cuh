@@ -41,6 +41,21 @@ inline double __shfl_xor_sync(unsigned, double v, int o) {
   g_wbar[w]->arrive_and_wait();
   return r;
 }
+inline unsigned __ballot_sync(unsigned, bool p) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  g_wbuf[w][lane] = p ? 1.0 : 0.0;
+  g_wbar[w]->arrive_and_wait();
+  unsigned m = 0;
+  for (int l = 0; l < 32; l++)
+    if (g_wbuf[w][l] != 0.0) m |= 1u << l;
+  g_wbar[w]->arrive_and_wait();
+  return m;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 inline void pdl_wait() {}
 inline void pdl_trigger() {}
 // Verbatim from csrc/common.cuh (keep in step):
