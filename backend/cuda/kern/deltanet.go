@@ -138,20 +138,22 @@ func (k DeltaNet) RuleLaunch(seqs int) driver.Config {
 	return driver.Config{Grid: driver.D2(k.ValueHeads, seqs), Block: driver.D1(DNRuleThreads(k.ValueDim)), Shared: DNRuleShared(k.KeyDim, k.ValueDim)}
 }
 
-// DNChunk is the chunked rule's chunk (deltanet.cu DN_C, kernels.DeltaChunk)
-// and DNChunkCols the columns of S one dn_chunk_state block carries (DN_J).
+// DNChunk is the chunked rule's chunk (deltanet.cu DN_C, kernels.DeltaChunk),
+// DNChunkCols the columns of S one dn_chunk_state block carries (DN_J) and
+// DNStateThreads its block (32·DN_SW).
 const (
-	DNChunk     = 64
-	DNChunkCols = 32
+	DNChunk        = 64
+	DNChunkCols    = 32
+	DNStateThreads = 512
 )
 
 // ChunkFits reports whether the chunked rule (dn_chunk_prep,
 // dn_chunk_state, dn_gnorm) takes these heads: dk and dv multiples of 4
-// (its 16-byte copies and shared-memory reads) and dk at most 128 (a
-// dn_chunk_state block stages three chunks of dk-wide rows), dv ≤ 1024
-// (dn_gnorm's block).
+// (its 16-byte copies and shared-memory reads), dk at most 128 (a
+// dn_chunk_state block stages three chunks of dk-wide rows) and dv at most
+// 512 (dn_chunk_prep stages the chunk's v rows).
 func (k DeltaNet) ChunkFits() bool {
-	return k.KeyDim%4 == 0 && k.ValueDim%4 == 0 && k.KeyDim <= 128 && k.ValueDim <= 1024
+	return k.KeyDim%4 == 0 && k.ValueDim%4 == 0 && k.KeyDim <= 128 && k.ValueDim <= 512
 }
 
 // DNChunkFloats is the chunked rule's scratch a step row and value head:
@@ -170,7 +172,9 @@ func DNChunkBound(R, seqs int) int { return min(R, R/DNChunk+seqs) }
 
 // DNPrepShared and DNStateShared are dn_chunk_prep's and dn_chunk_state's
 // dynamic shared memory.
-func DNPrepShared(dk int) int { return 4 * (2*DNChunk*(dk+4) + DNChunk*DNChunk + 4*DNChunk) }
+func DNPrepShared(dk, dv int) int {
+	return 4 * (2*DNChunk*(dk+4) + DNChunk*DNChunk + 4*DNChunk + DNChunk*dv)
+}
 func DNStateShared(dk int) int {
 	return 4 * (dk*DNChunkCols + 3*DNChunk*dk + DNChunk*DNChunk + 2*DNChunk*DNChunkCols)
 }
@@ -185,8 +189,8 @@ func (k DeltaNet) PackChunk(a *driver.Args, R int, X Ptr) *driver.Args {
 // launch shapes over a step of R rows of seqs sequences.
 func (k DeltaNet) ChunkLaunches(R, seqs int) (prep, state, norm driver.Config) {
 	slices := (k.ValueDim + DNChunkCols - 1) / DNChunkCols
-	prep = driver.Config{Grid: driver.D2(k.ValueHeads, DNChunkBound(R, seqs)), Block: driver.D1(256), Shared: DNPrepShared(k.KeyDim)}
-	state = driver.Config{Grid: driver.D2(k.ValueHeads*slices, seqs), Block: driver.D1(256), Shared: DNStateShared(k.KeyDim)}
+	prep = driver.Config{Grid: driver.D2(k.ValueHeads, DNChunkBound(R, seqs)), Block: driver.D1(256), Shared: DNPrepShared(k.KeyDim, k.ValueDim)}
+	state = driver.Config{Grid: driver.D2(k.ValueHeads*slices, seqs), Block: driver.D1(DNStateThreads), Shared: DNStateShared(k.KeyDim)}
 	norm = driver.Config{Grid: driver.D2(k.ValueHeads, R), Block: driver.D1((k.ValueDim + 31) / 32 * 32)}
 	return prep, state, norm
 }
@@ -200,7 +204,7 @@ func (k DeltaNet) ChunkCalls(R, seqs int, X Ptr) ([]call, error) {
 		return nil, err
 	}
 	if !k.ChunkFits() {
-		return nil, fmt.Errorf("kern: deltanet heads of %d×%d: the chunked rule needs dk, dv multiples of 4, dk ≤ 128, dv ≤ 1024", k.KeyDim, k.ValueDim)
+		return nil, fmt.Errorf("kern: deltanet heads of %d×%d: the chunked rule needs dk, dv multiples of 4, dk ≤ 128, dv ≤ 512", k.KeyDim, k.ValueDim)
 	}
 	p, s, n := k.ChunkLaunches(R, seqs)
 	return append(c[:2],

@@ -405,7 +405,7 @@ __device__ __forceinline__ int dn_nth_start(const int* __restrict__ slot, int R,
 // dn_chunk_prep: chunk blockIdx.y of the step (a block past the last
 // returns), value head blockIdx.x: U, W, M, Qe, Kd and e^{Γn} into X.
 // Launch: grid (nv, DNChunkBound(R, seqs)), block 256, dynamic shared
-// DNPrepShared(dk) = 4·(2·DN_C·(dk+4) + DN_C·DN_C + 4·DN_C).
+// DNPrepShared(dk, dv) = 4·(2·DN_C·(dk+4) + DN_C·DN_C + 4·DN_C + DN_C·dv).
 extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
                                                   int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
                                                   const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
@@ -426,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
   if (n == 0) return;  // block-uniform
   const int ld = dk + 4, kd = nk * dk, kh = h / (nv / nk), F = dv + 3 * dk + DN_C + 4;
   float *qn = sm, *kn = qn + DN_C * ld, *L = kn + DN_C * ld, *G = L + DN_C * DN_C, *beta = G + DN_C, *eg = beta + DN_C,
-        *egn = eg + DN_C;
+        *egn = eg + DN_C, *vs = egn + DN_C;  // vs: the chunk's v rows of head h (dv apart)
   int zc, bc, ac;
   dn_zba(grouped, nk, dk, nv, dv, h, zc, bc, ac);
   if (aligned16(conv) && ldc % 4 == 0) {  // block-uniform: 16-byte copies (dk % 4 == 0)
@@ -437,10 +437,15 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
       if (t < n) {
         dn_cp16(qn + t * ld + i, c + kh * dk + i);
         dn_cp16(kn + t * ld + i, c + kd + kh * dk + i);
+        if (i < dv) dn_cp16(vs + t * dv + i, c + 2 * kd + h * dv + i);
       } else {
         *(float4*)(qn + t * ld + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         *(float4*)(kn + t * ld + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
+    }
+    for (int e = tid; e < n * (dv / 4); e += nt) {  // v past the first dk columns (dv > dk)
+      const int t = e / (dv / 4), i = 4 * (e - t * (dv / 4));
+      if (i >= dk) dn_cp16(vs + t * dv + i, conv + (size_t)(r0 + t) * ldc + 2 * kd + h * dv + i);
     }
     dn_cp_wait();
   } else {
@@ -449,6 +454,10 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
       const float* c = conv + (size_t)(r0 + t) * ldc;
       qn[t * ld + i] = t < n ? c[kh * dk + i] : 0.0f;
       kn[t * ld + i] = t < n ? c[kd + kh * dk + i] : 0.0f;
+    }
+    for (int e = tid; e < n * dv; e += nt) {
+      const int t = e / dv, i = e - t * dv;
+      vs[t * dv + i] = conv[(size_t)(r0 + t) * ldc + 2 * kd + h * dv + i];
     }
   }
   if (tid < DN_C) {
@@ -531,7 +540,7 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
 #pragma unroll
     for (int t = 0; t < DN_C; t++) {
       float v = 0.0f;
-      if (t < n) v = col < dv ? beta[t] * conv[(size_t)(r0 + t) * ldc + 2 * kd + h * dv + col] : (beta[t] * eg[t]) * kn[t * ld + col - dv];
+      if (t < n) v = col < dv ? beta[t] * vs[t * dv + col] : (beta[t] * eg[t]) * kn[t * ld + col - dv];
       x[t] = v;
     }
 #pragma unroll
@@ -559,10 +568,12 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __r
 // [DN_J·(blockIdx.x mod ⌈dv/DN_J⌉), +DN_J) of S, over the chunks of the
 // step's sequence blockIdx.y in order: O (before the gated norm) into out,
 // S advanced in the pool. Thread (tr, j) = (tid / 32, tid % 32) takes rows
-// t ≡ tr (mod 8) of V' and O and rows i of S in quads 4·(tr + 8u)..+3.
-// Launch: grid (nv·⌈dv/DN_J⌉, seqs), block 256, dynamic shared
+// t ≡ tr (mod DN_SW) of V' and O and rows i of S in quads 4·(tr + DN_SW·u)..+3.
+// Launch: grid (nv·⌈dv/DN_J⌉, seqs), block 32·DN_SW, dynamic shared
 // DNStateShared(dk) = 4·(dk·DN_J + 3·DN_C·dk + DN_C·DN_C + 2·DN_C·DN_J).
-extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
+#define DN_SW 16              // dn_chunk_state's warps
+#define DN_SR (DN_C / DN_SW)  // rows of V' and O a thread
+extern "C" __global__ void __launch_bounds__(32 * DN_SW) dn_chunk_state(const float* __restrict__ conv, int ldc, const float* __restrict__ proj, int ldp,
                                                    int grouped, int nk, int dk, int nv, int dv, const float* __restrict__ alog,
                                                    const float* __restrict__ dtb, const float* __restrict__ nw, float eps,
                                                    float* __restrict__ state, int stride, int soff, const int* __restrict__ slot,
@@ -625,37 +636,37 @@ extern "C" __global__ void __launch_bounds__(256) dn_chunk_state(const float* __
     const int n = min(DN_C, r1 - c0), c1 = c0 + DN_C, n1 = min(DN_C, r1 - c1);
     dn_cp_wait();
     __syncthreads();  // chunk c0's rows staged (and, the first time, S)
-    // V' = U − W·S and Qe·S, rows tr + 8u.
-    float aw[8], aq[8];
+    // V' = U − W·S and Qe·S, rows tr + DN_SW·u.
+    float aw[DN_SR], aq[DN_SR];
 #pragma unroll
-    for (int u = 0; u < 8; u++) aw[u] = 0.0f, aq[u] = 0.0f;
+    for (int u = 0; u < DN_SR; u++) aw[u] = 0.0f, aq[u] = 0.0f;
     for (int i = 0; i < dk; i += 4) {
       const float s0 = S[i * DN_J + j], s1 = S[(i + 1) * DN_J + j], s2 = S[(i + 2) * DN_J + j], s3 = S[(i + 3) * DN_J + j];
 #pragma unroll
-      for (int u = 0; u < 8; u++) {
-        const float4 w = *(const float4*)(W + (tr + 8 * u) * dk + i), q = *(const float4*)(Qe + (tr + 8 * u) * dk + i);
+      for (int u = 0; u < DN_SR; u++) {
+        const float4 w = *(const float4*)(W + (tr + DN_SW * u) * dk + i), q = *(const float4*)(Qe + (tr + DN_SW * u) * dk + i);
         aw[u] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
         aq[u] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
       }
     }
 #pragma unroll
-    for (int u = 0; u < 8; u++) {
-      const int t = tr + 8 * u;
+    for (int u = 0; u < DN_SR; u++) {
+      const int t = tr + DN_SW * u;
       Vp[t * DN_J + j] = U[t * DN_J + j] - aw[u];
     }
     __syncthreads();  // V' written; W, Qe and U free
     if (c1 < r1) stage_a(c1, n1);
     // O = Qe·S + M·V' (out), and S = e^{Γn} S + Kdᵀ·V'.
 #pragma unroll
-    for (int u = 0; u < 8; u++) {
-      const int t = tr + 8 * u;
+    for (int u = 0; u < DN_SR; u++) {
+      const int t = tr + DN_SW * u;
       if (t >= n) break;
       float o = aq[u];
       for (int s2 = 0; s2 <= t; s2++) o += M[t * DN_C + s2] * Vp[s2 * DN_J + j];
       if (on) out[(size_t)(c0 + t) * ldo + h * dv + j0 + j] = o;
     }
     const float en = egn_s;
-    for (int i4 = tr; 4 * i4 < dk; i4 += 8) {
+    for (int i4 = tr; 4 * i4 < dk; i4 += DN_SW) {
       float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
       for (int t = 0; t < n; t++) {
         const float v = Vp[t * DN_J + j];

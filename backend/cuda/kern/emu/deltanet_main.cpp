@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
       kfn(conv.data(), cd, proj.data(), pw, grouped, nk, dk, nv, dv, alog.data(), dtb.data(), nw.data(), eps, pool.data(), stride,
           (K - 1) * cd, slot.data(), R, out.data(), vd, X.data());
     };
-    launch(dim3{(unsigned)nv, (unsigned)bound}, dim3{256}, 4 * (2 * DN_C * (dk + 4) + DN_C * DN_C + 4 * DN_C), [&] { args(dn_chunk_prep); });
-    launch(dim3{(unsigned)(nv * slices), (unsigned)nseq}, dim3{256}, 4 * (dk * DN_J + 3 * DN_C * dk + DN_C * DN_C + 2 * DN_C * DN_J),
+    launch(dim3{(unsigned)nv, (unsigned)bound}, dim3{256}, 4 * (2 * DN_C * (dk + 4) + DN_C * DN_C + 4 * DN_C + DN_C * dv), [&] { args(dn_chunk_prep); });
+    launch(dim3{(unsigned)(nv * slices), (unsigned)nseq}, dim3{32 * DN_SW}, 4 * (dk * DN_J + 3 * DN_C * dk + DN_C * DN_C + 2 * DN_C * DN_J),
            [&] { args(dn_chunk_state); });
     launch(dim3{(unsigned)nv, (unsigned)R}, dim3{(unsigned)((dv + 31) / 32 * 32)}, 0, [&] { args(dn_gnorm); });
   } else {
