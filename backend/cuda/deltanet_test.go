@@ -8,6 +8,7 @@ import (
 	"github.com/cortiq/cortiq/backend"
 	"github.com/cortiq/cortiq/backend/backendtest"
 	"github.com/cortiq/cortiq/backend/cpu"
+	"github.com/cortiq/cortiq/backend/cuda/kern"
 	"github.com/cortiq/cortiq/quant"
 )
 
@@ -183,7 +184,7 @@ func TestStateSaverOnFake(t *testing.T) {
 
 // TestPlanCountsLinearState: the memory plan's KV counts every sequence's
 // K/V and Gated DeltaNet state, and the step scratch the block's buffers
-// (dn_proj, dn_conv, dn_o at MaxRows rows).
+// (dn_proj, dn_conv, dn_o and the chunked rule's dn_chunk at MaxRows rows).
 func TestPlanCountsLinearState(t *testing.T) {
 	f := newFake(t, 4)
 	d := fakeOpen(f, Options{Seqs: 3, Ctx: 100, MaxRows: 32})
@@ -203,7 +204,8 @@ func TestPlanCountsLinearState(t *testing.T) {
 	if p1.KV-p0.KV != state {
 		t.Fatalf("K/V plan %d with the DeltaNet layers, %d without: +%d, want +%d", p1.KV, p0.KV, p1.KV-p0.KV, state)
 	}
-	if scratch := int64(4 * 32 * ((2*2048 + 2*4096 + 64) + 8192 + 4096)); p1.Scratch-p0.Scratch != scratch {
+	chunk := int64(4 * 32 * 32 * (128 + 3*128 + kern.DNChunk + 4)) // dn_chunk: MaxRows × value heads × [U W Qe Kd M e^Γn pad]
+	if scratch := int64(4*32*((2*2048+2*4096+64)+8192+4096)) + chunk; p1.Scratch-p0.Scratch != scratch {
 		t.Fatalf("scratch +%d with the DeltaNet layers, want +%d", p1.Scratch-p0.Scratch, scratch)
 	}
 }

@@ -261,7 +261,7 @@ type devBuf struct {
 // bytes an element, counted as 2); the attention partials (attnPartRows rows of at most
 // widest + 2·heads floats, bounded by 2·widest, for the larger of the two
 // kernels' split counts) and attn_tiles' counters; a Gated DeltaNet layer's
-// projections, conv output and rule output.
+// projections, conv output and rule output, and the chunked rule's scratch.
 func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) int64 {
 	M, w := int64(maxRows), int64(widest)
 	parts := max(attnPartRows(sms, spec.KVHeads, maxRows, attnSplits), attnPartRows(sms, spec.KVHeads, maxRows, kern.AttnTilesSplits))
@@ -270,10 +270,14 @@ func scratchBytes(maxRows, widest int, spec backend.SeqSpec, sms int, mmq bool) 
 		n += 2 * M * w
 	}
 	if len(spec.DeltaNet) > 0 {
-		// dn_proj, dn_conv, dn_o (hybrid.go).
+		// dn_proj, dn_conv, dn_o (hybrid.go), and dn_chunk (the chunked
+		// rule's scratch) where its kernels take the heads.
 		g := spec.DeltaNetShape
 		kd, vd, cd := g.Dims()
 		n += 4 * M * int64(2*kd+2*vd+2*g.ValueHeads+cd+vd)
+		if k := (kern.DeltaNet{KeyHeads: g.KeyHeads, ValueHeads: g.ValueHeads, KeyDim: g.KeyDim, ValueDim: g.ValueDim}); k.ChunkFits() {
+			n += k.ChunkScratch(maxRows)
+		}
 	}
 	if e := spec.MoE; e.Experts > 0 && e.TopK > 0 {
 		n += moeScratchBytes(M, w, e)
