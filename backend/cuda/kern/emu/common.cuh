@@ -1,8 +1,9 @@
 // A host emulation of the CUDA features deltanet.cu uses, so that its
 // kernels' own source runs without a GPU (scripts/emu-deltanet): blocks one
 // at a time, one std::thread per CUDA thread, __syncthreads a barrier of
-// the block, __shfl_xor_sync an exchange through memory between two
-// barriers of the warp, __shared__ variables static (one block runs at a
+// the block, __shfl_xor_sync and __ballot_sync an exchange through memory
+// between two barriers of the warp, cp.async a plain copy (deltanet.cu's
+// dn_cp16 without __CUDA_ARCH__), __shared__ variables static (one block runs at a
 // time), dynamic shared memory a NaN-filled buffer per block. Not a model
 // of the hardware's timing or memory ordering beyond those barriers: it
 // checks indexing, the partition of work, the reductions and the
