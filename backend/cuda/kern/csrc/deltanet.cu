@@ -312,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(512) dn_rule(const float* __restric
 // X: per step row r and value head h, DNChunkFloats(dk, dv) = dv + 3·dk +
 // DN_C + 4 floats at (r·nv + h)·F: [U dv | W dk | Qe dk | Kd dk | M row t
 // of its chunk (DN_C; zero past t) | e^{Γn} (the chunk's first row) | pad].
-// Needs dk % 4 == 0 and dk ≤ 128 (kern.DeltaNet.ChunkFits).
+// Needs dk and dv multiples of 4, dk ≤ 128 and dv ≤ 512 (kern.DeltaNet.ChunkFits).
 #define DN_C 64
 #define DN_J 32  // columns of S a dn_chunk_state block carries
 
