@@ -59,12 +59,7 @@ func TestEmuDeltaNet(t *testing.T) {
 					}
 					R := len(slots)
 					proj := r.vec(R*pw, 1)
-					nseq := 1
-					for i := 1; i < R; i++ {
-						if slots[i] != slots[i-1] {
-							nseq++
-						}
-					}
+					nseq := stepSeqs(slots)
 					var b []byte
 					for _, v := range []int{k.KeyHeads, k.ValueHeads, k.KeyDim, k.ValueDim, 4, b2i(grouped), R, seqs, nseq, kern.DNRuleThreads(k.ValueDim), kern.DNRuleShared(k.KeyDim, k.ValueDim)} {
 						b = binary.LittleEndian.AppendUint32(b, uint32(v))
@@ -111,4 +106,15 @@ func runOf(s int32, n int) []int32 {
 		r[i] = s
 	}
 	return r
+}
+
+// stepSeqs is the number of sequences (runs of one slot) in a step's rows.
+func stepSeqs(slots []int32) int {
+	n := 0
+	for i, s := range slots {
+		if i == 0 || slots[i-1] != s {
+			n++
+		}
+	}
+	return n
 }

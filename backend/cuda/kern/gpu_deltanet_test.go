@@ -147,12 +147,7 @@ func TestGPUDeltaNet(t *testing.T) {
 					R := len(slots)
 					proj := r.vec(R*pw, 1)
 					k.Proj, k.Slot, k.Conv, k.Out = g.f32(proj), g.i32(slots), g.zeros(R*cd), g.zeros(R*vd)
-					nseq := 1 // sequences in this step (seqs is the pool's slots)
-					for i := 1; i < R; i++ {
-						if slots[i] != slots[i-1] {
-							nseq++
-						}
-					}
+					nseq := stepSeqs(slots) // sequences in this step (seqs is the pool's slots)
 					g.run(func(l *kern.Launcher) error { return l.DeltaNet(k, R, nseq) })
 					wantConv, wantOut := dnReference(k, proj, slots, pool2, convW, aLog, dtBias, normW)
 					dnClose(t, fmt.Sprintf("step %d: dn_conv", si), g.readF32(k.Conv, R*cd), wantConv, 1e-5)
@@ -173,13 +168,6 @@ func TestGPUDeltaNet(t *testing.T) {
 // block output and state equal dn_rule's on the same steps to rounding.
 func TestGPUDeltaNetChunked(t *testing.T) {
 	g := newGPU(t)
-	run := func(s int32, n int) []int32 {
-		r := make([]int32, n)
-		for i := range r {
-			r[i] = s
-		}
-		return r
-	}
 	cat := func(parts ...[]int32) (out []int32) {
 		for _, p := range parts {
 			out = append(out, p...)
@@ -187,9 +175,9 @@ func TestGPUDeltaNetChunked(t *testing.T) {
 		return out
 	}
 	steps := [][]int32{
-		cat(run(1, 65), run(3, 1), run(0, 63)), // a chunk and one row, a decode row, one short of a chunk
-		cat(run(2, 130), run(0, 1)),            // two chunks and 2, a decode row
-		cat(run(3, 64), run(1, 200)),           // exactly one chunk; three and 8
+		cat(runOf(1, 65), runOf(3, 1), runOf(0, 63)), // a chunk and one row, a decode row, one short of a chunk
+		cat(runOf(2, 130), runOf(0, 1)),              // two chunks and 2, a decode row
+		cat(runOf(3, 64), runOf(1, 200)),             // exactly one chunk; three and 8
 	}
 	const seqs = 4
 	for _, shape := range []struct{ nk, nv, dk, dv int }{{2, 4, 16, 8}, {2, 4, 128, 128}, {2, 4, 40, 24}} {
@@ -210,12 +198,7 @@ func TestGPUDeltaNetChunked(t *testing.T) {
 				for si, slots := range steps {
 					R := len(slots)
 					proj := r.vec(R*pw, 1)
-					nseq := 1
-					for i := 1; i < R; i++ {
-						if slots[i] != slots[i-1] {
-							nseq++
-						}
-					}
+					nseq := stepSeqs(slots)
 					ka.Proj, ka.Slot, ka.Conv, ka.Out = g.f32(proj), g.i32(slots), g.zeros(R*cd), g.zeros(R*vd)
 					kb.Proj, kb.Slot, kb.Conv, kb.Out = ka.Proj, ka.Slot, g.zeros(R*cd), g.zeros(R*vd)
 					X := g.zeros(int(ka.ChunkScratch(R) / 4))

@@ -105,6 +105,22 @@ extern "C" __global__ void dn_conv_step(const float* __restrict__ proj, int ldp,
   out[(size_t)r * ldo + c] = acc / (1.0f + expf(-acc));
 }
 
+// dn_zba gives the columns of z_h, b_h and a_h in a projection row.
+__device__ __forceinline__ void dn_zba(int grouped, int nk, int dk, int nv, int dv, int h, int& zc, int& bc, int& ac) {
+  const int ratio = nv / nk, kh = h / ratio, kd = nk * dk, vd = nv * dv;
+  if (grouped) {
+    const int per = 2 * dk + 2 * ratio * dv, hi = h % ratio, ba = nk * per + kh * 2 * ratio;
+    zc = kh * per + 2 * dk + ratio * dv + hi * dv;
+    bc = ba + hi;
+    ac = ba + ratio + hi;
+  } else {
+    const int cd = 2 * kd + vd;
+    zc = cd + h * dv;
+    bc = cd + vd + h;
+    ac = cd + vd + nv + h;
+  }
+}
+
 __device__ __forceinline__ double dn_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 // dn_rule: the gated delta rule of value head h = blockIdx.x over the rows
@@ -149,20 +165,9 @@ extern "C" __global__ void __launch_bounds__(512) dn_rule(const float* __restric
   extern __shared__ float sm[];
   __shared__ double red[32];
   float *S = sm, *q = sm + (size_t)dk * dv, *k = q + dk, *part = k + dk;  // part: P × dvp
-  const int ratio = nv / nk, kh = h / ratio, kd = nk * dk, vd = nv * dv;
-  // Columns of z_h, b_h, a_h in a projection row.
+  const int ratio = nv / nk, kh = h / ratio, kd = nk * dk;
   int zc, bc, ac;
-  if (grouped) {
-    const int per = 2 * dk + 2 * ratio * dv, hi = h % ratio, ba = nk * per + kh * 2 * ratio;
-    zc = kh * per + 2 * dk + ratio * dv + hi * dv;
-    bc = ba + hi;
-    ac = ba + ratio + hi;
-  } else {
-    const int cd = 2 * kd + vd;
-    zc = cd + h * dv;
-    bc = cd + vd + h;
-    ac = cd + vd + nv + h;
-  }
+  dn_zba(grouped, nk, dk, nv, dv, h, zc, bc, ac);
   float* gS = state + (size_t)s * stride + soff + (size_t)h * dk * dv;
   const bool reg = dk <= DN_REG * P;  // block-uniform
   float sr[DN_REG];                   // reg: rows pg + t·P of column j
@@ -315,22 +320,6 @@ extern "C" __global__ void __launch_bounds__(512) dn_rule(const float* __restric
 // Needs dk and dv multiples of 4, dk ≤ 128 and dv ≤ 512 (kern.DeltaNet.ChunkFits).
 #define DN_C 64
 #define DN_J 32  // columns of S a dn_chunk_state block carries
-
-// dn_zba gives the columns of z_h, b_h and a_h in a projection row.
-__device__ __forceinline__ void dn_zba(int grouped, int nk, int dk, int nv, int dv, int h, int& zc, int& bc, int& ac) {
-  const int ratio = nv / nk, kh = h / ratio, kd = nk * dk, vd = nv * dv;
-  if (grouped) {
-    const int per = 2 * dk + 2 * ratio * dv, hi = h % ratio, ba = nk * per + kh * 2 * ratio;
-    zc = kh * per + 2 * dk + ratio * dv + hi * dv;
-    bc = ba + hi;
-    ac = ba + ratio + hi;
-  } else {
-    const int cd = 2 * kd + vd;
-    zc = cd + h * dv;
-    bc = cd + vd + h;
-    ac = cd + vd + nv + h;
-  }
-}
 
 // dn_cp16 copies 16 bytes from global to shared memory without a register
 // stop (cp.async on sm_80+; a plain copy elsewhere, the host emulation);
